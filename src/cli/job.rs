@@ -1,0 +1,475 @@
+//! `jobmgr job …`: a client of a running server for people and scripts.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde_json::{Map, Value, json};
+
+use super::CliError;
+use super::output::{Format, print_job, print_jobs, print_value};
+use crate::client::HttpClient;
+use crate::server::DEFAULT_HTTP_ADDR;
+
+/// Where the server is and how to print.
+#[derive(Debug, Args, Clone)]
+pub struct Connection {
+    /// The server's HTTP URL.
+    #[arg(long, env = "JOBMGR_SERVER", value_name = "URL", default_value_t = format!("http://{DEFAULT_HTTP_ADDR}"), global = true)]
+    pub server: String,
+    /// Bearer token for the server.
+    #[arg(
+        long,
+        env = "JOBMGR_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    pub token: Option<String>,
+    /// Output format [default: text on a terminal, json when piped].
+    #[arg(long, value_enum, global = true)]
+    pub format: Option<Format>,
+}
+
+/// `jobmgr job`: the connection options and what to do.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(subcommand)]
+    command: JobCommand,
+}
+
+/// The `job` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Create a job; prints its jobID.
+    Create {
+        /// The job's name (the worker that runs it is named after its last `/` part).
+        name: String,
+        /// Data for the job, a JSON object.
+        #[arg(long, value_name = "JSON")]
+        data: Option<String>,
+        /// How it repeats, e.g. "FINISHED, +1 HOUR" or DAILY.
+        #[arg(long, value_name = "REPEAT")]
+        repeat: Option<String>,
+        /// When it first runs, "YYYY-MM-DD HH:MM:SS" UTC.
+        #[arg(long, value_name = "TIME")]
+        first_run: Option<String>,
+        /// One of 0, 250, 500, 750, 850, 1000.
+        #[arg(long, value_name = "P")]
+        priority: Option<i64>,
+        /// Return the existing job of this name instead of creating another.
+        #[arg(long)]
+        unique: bool,
+        /// With --unique, leave the existing job's data as it is.
+        #[arg(long, requires = "unique")]
+        no_overwrite: bool,
+        /// Hand the job out again this long after an unreported hand-out, e.g. "+5 MINUTES".
+        #[arg(long, value_name = "MODIFIER")]
+        retry_after: Option<String>,
+        /// Make it a child of this running job.
+        #[arg(long, value_name = "ID")]
+        parent: Option<i64>,
+    },
+    /// Take due jobs matching a GLOB (or comma list), waiting for one if asked.
+    Get {
+        /// A GLOB such as '*' or 'www-prod/*', or a comma-separated list of names.
+        pattern: String,
+        /// How long to wait for a job, e.g. 30s.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        wait: Option<Duration>,
+        /// How many jobs to take at most.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        count: u64,
+        /// How long the jobs are leased for, e.g. 5m.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        lease: Option<Duration>,
+        /// Only jobs of this priority.
+        #[arg(long, value_name = "P")]
+        priority: Option<i64>,
+    },
+    /// Show a job.
+    Query {
+        /// The jobID.
+        id: String,
+    },
+    /// Replace a job's data, and optionally its repeat, priority or next run.
+    Update {
+        /// The jobID.
+        id: String,
+        /// The new data, a JSON object.
+        #[arg(long, value_name = "JSON")]
+        data: String,
+        /// A new repeat.
+        #[arg(long, value_name = "REPEAT")]
+        repeat: Option<String>,
+        /// Remove the repeat.
+        #[arg(long, conflicts_with = "repeat")]
+        clear_repeat: bool,
+        /// A new priority.
+        #[arg(long, value_name = "P")]
+        priority: Option<i64>,
+        /// When it runs next, "YYYY-MM-DD HH:MM:SS" UTC.
+        #[arg(long, value_name = "TIME")]
+        next_run: Option<String>,
+    },
+    /// Report a held job finished (a repeating job is scheduled again).
+    Finish {
+        /// The jobID.
+        id: String,
+        /// New data for the job.
+        #[arg(long, value_name = "JSON")]
+        data: Option<String>,
+        /// The lease token from `job get`.
+        #[arg(long, value_name = "TOKEN")]
+        lease: Option<String>,
+    },
+    /// Put a held job back to run again later.
+    Retry {
+        /// The jobID.
+        id: String,
+        /// Wait this long before the retry, e.g. 30s.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        delay: Option<Duration>,
+        /// Retry at this time instead, "YYYY-MM-DD HH:MM:SS" UTC.
+        #[arg(long, value_name = "TIME")]
+        next_run: Option<String>,
+        /// Rename the job (move it to another queue).
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// A new priority.
+        #[arg(long, value_name = "P")]
+        priority: Option<i64>,
+        /// Use --delay or --next-run even if the job repeats.
+        #[arg(long)]
+        ignore_repeat: bool,
+        /// New data for the job.
+        #[arg(long, value_name = "JSON")]
+        data: Option<String>,
+        /// The lease token from `job get`.
+        #[arg(long, value_name = "TOKEN")]
+        lease: Option<String>,
+    },
+    /// Report a held job failed.
+    Fail {
+        /// The jobID.
+        id: String,
+        /// New data for the job.
+        #[arg(long, value_name = "JSON")]
+        data: Option<String>,
+        /// The lease token from `job get`.
+        #[arg(long, value_name = "TOKEN")]
+        lease: Option<String>,
+    },
+    /// Renew the lease of a held job.
+    Heartbeat {
+        /// The jobID.
+        id: String,
+        /// The lease token from `job get`.
+        #[arg(long, value_name = "TOKEN")]
+        lease: String,
+    },
+    /// Delete a job that is not running.
+    Delete {
+        /// The jobID.
+        id: String,
+    },
+    /// Cancel a child job that has not run.
+    Cancel {
+        /// The jobID.
+        id: String,
+    },
+    /// Put jobs back in the queue, due at their creation time.
+    Requeue {
+        /// The jobIDs.
+        #[arg(required = true)]
+        ids: Vec<i64>,
+        /// Rename them.
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+    },
+    /// List jobs in id order.
+    List {
+        /// Only names matching this GLOB (or comma list).
+        #[arg(long, value_name = "GLOB")]
+        name: Option<String>,
+        /// Only jobs in this state.
+        #[arg(long, value_name = "STATE")]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+        /// Only jobs with an id above this.
+        #[arg(long, value_name = "ID")]
+        after: Option<i64>,
+    },
+}
+
+fn json_arg(flag: &str, text: &str) -> Result<Value, CliError> {
+    serde_json::from_str(text)
+        .map_err(|e| CliError::Usage(format!("--{flag} is not valid JSON: {e}")))
+}
+
+fn id_arg(id: &str) -> Result<i64, CliError> {
+    match id.trim().parse::<i64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(CliError::Usage(format!(
+            "{id:?} is not a jobID (a positive whole number)"
+        ))),
+    }
+}
+
+/// Builds a JSON object from the options that were given.
+fn object(fields: Vec<(&str, Option<Value>)>) -> Value {
+    let map: Map<String, Value> = fields
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k.to_string(), v)))
+        .collect();
+    Value::Object(map)
+}
+
+fn data_field(data: Option<String>) -> Result<Option<Value>, CliError> {
+    data.map(|d| json_arg("data", &d)).transpose()
+}
+
+fn client(connection: &Connection) -> Result<(HttpClient, Format), CliError> {
+    Ok((
+        HttpClient::new(&connection.server, connection.token.clone())?,
+        Format::choose(connection.format),
+    ))
+}
+
+/// Runs one `job` subcommand.
+pub async fn run(args: JobArgs) -> Result<(), CliError> {
+    let connection = &args.connection;
+    match args.command {
+        JobCommand::Create {
+            name,
+            data,
+            repeat,
+            first_run,
+            priority,
+            unique,
+            no_overwrite,
+            retry_after,
+            parent,
+        } => {
+            let (client, format) = client(connection)?;
+            let body = object(vec![
+                ("name", Some(json!(name))),
+                ("data", data_field(data)?),
+                ("repeat", repeat.map(Value::from)),
+                ("firstRun", first_run.map(Value::from)),
+                ("priority", priority.map(Value::from)),
+                ("unique", unique.then_some(json!(true))),
+                ("overwrite", no_overwrite.then_some(json!(false))),
+                ("retryAfter", retry_after.map(Value::from)),
+                ("parentJobID", parent.map(Value::from)),
+            ]);
+            let answer = client.quick(Method::POST, "/jobs", Some(&body)).await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => println!("{}", answer["jobID"]),
+            }
+        }
+        JobCommand::Get {
+            pattern,
+            wait,
+            count,
+            lease,
+            priority,
+        } => {
+            let (client, format) = client(connection)?;
+            let wait_ms = wait.map(|w| w.as_millis() as u64);
+            let body = object(vec![
+                ("name", Some(json!(pattern))),
+                ("numResults", Some(json!(count.max(1)))),
+                ("waitMs", wait_ms.map(Value::from)),
+                ("leaseMs", lease.map(|l| json!(l.as_millis() as u64))),
+                ("priority", priority.map(Value::from)),
+            ]);
+            let timeout = Duration::from_millis(wait_ms.unwrap_or(0)) + Duration::from_secs(60);
+            let answer = client
+                .call(Method::POST, "/dequeue", Some(&body), timeout)
+                .await?;
+            let jobs = answer["jobs"].as_array().cloned().unwrap_or_default();
+            if jobs.is_empty() {
+                return Err(CliError::NotFound("No job found".into()));
+            }
+            match (format, jobs.len()) {
+                (Format::Json, 1) if count <= 1 => print_value(&jobs[0]),
+                (Format::Json, _) => print_value(&answer),
+                (Format::Text, _) => jobs.iter().for_each(print_job),
+            }
+        }
+        JobCommand::Query { id } => {
+            let (client, format) = client(connection)?;
+            let answer = client
+                .quick(Method::GET, &format!("/jobs/{}", id_arg(&id)?), None)
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => print_job(&answer),
+            }
+        }
+        JobCommand::Update {
+            id,
+            data,
+            repeat,
+            clear_repeat,
+            priority,
+            next_run,
+        } => {
+            let (client, _) = client(connection)?;
+            let body = object(vec![
+                ("data", Some(json_arg("data", &data)?)),
+                ("repeat", repeat.map(Value::from)),
+                ("clearRepeat", clear_repeat.then_some(json!(true))),
+                ("priority", priority.map(Value::from)),
+                ("nextRun", next_run.map(Value::from)),
+            ]);
+            client
+                .quick(
+                    Method::PATCH,
+                    &format!("/jobs/{}", id_arg(&id)?),
+                    Some(&body),
+                )
+                .await?;
+        }
+        JobCommand::Finish { id, data, lease } => {
+            let (client, _) = client(connection)?;
+            let body = object(vec![
+                ("data", data_field(data)?),
+                ("lease", lease.map(Value::from)),
+            ]);
+            client
+                .quick(
+                    Method::POST,
+                    &format!("/jobs/{}/finish", id_arg(&id)?),
+                    Some(&body),
+                )
+                .await?;
+        }
+        JobCommand::Retry {
+            id,
+            delay,
+            next_run,
+            name,
+            priority,
+            ignore_repeat,
+            data,
+            lease,
+        } => {
+            let (client, _) = client(connection)?;
+            let body = object(vec![
+                ("delay", delay.map(|d| json!(d.as_secs()))),
+                ("nextRun", next_run.map(Value::from)),
+                ("name", name.map(Value::from)),
+                ("priority", priority.map(Value::from)),
+                ("ignoreRepeat", ignore_repeat.then_some(json!(true))),
+                ("data", data_field(data)?),
+                ("lease", lease.map(Value::from)),
+            ]);
+            client
+                .quick(
+                    Method::POST,
+                    &format!("/jobs/{}/retry", id_arg(&id)?),
+                    Some(&body),
+                )
+                .await?;
+        }
+        JobCommand::Fail { id, data, lease } => {
+            let (client, _) = client(connection)?;
+            let body = object(vec![
+                ("data", data_field(data)?),
+                ("lease", lease.map(Value::from)),
+            ]);
+            client
+                .quick(
+                    Method::POST,
+                    &format!("/jobs/{}/fail", id_arg(&id)?),
+                    Some(&body),
+                )
+                .await?;
+        }
+        JobCommand::Heartbeat { id, lease } => {
+            let (client, format) = client(connection)?;
+            let body = json!({"lease": lease});
+            let answer = client
+                .quick(
+                    Method::POST,
+                    &format!("/jobs/{}/heartbeat", id_arg(&id)?),
+                    Some(&body),
+                )
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => println!(
+                    "lease renewed until {}",
+                    answer["leaseExpires"].as_str().unwrap_or("")
+                ),
+            }
+        }
+        JobCommand::Delete { id } => {
+            let (client, _) = client(connection)?;
+            client
+                .quick(Method::DELETE, &format!("/jobs/{}", id_arg(&id)?), None)
+                .await?;
+        }
+        JobCommand::Cancel { id } => {
+            let (client, _) = client(connection)?;
+            client
+                .quick(
+                    Method::POST,
+                    &format!("/jobs/{}/cancel", id_arg(&id)?),
+                    None,
+                )
+                .await?;
+        }
+        JobCommand::Requeue { ids, name } => {
+            let (client, format) = client(connection)?;
+            let body = object(vec![
+                ("jobIDs", Some(json!(ids))),
+                ("name", name.map(Value::from)),
+            ]);
+            let answer = client
+                .quick(Method::POST, "/jobs/requeue", Some(&body))
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => println!("requeued {}", answer["requeued"]),
+            }
+        }
+        JobCommand::List {
+            name,
+            state,
+            limit,
+            after,
+        } => {
+            let (client, format) = client(connection)?;
+            let mut query: Vec<(&str, String)> = vec![("limit", limit.to_string())];
+            if let Some(name) = name {
+                query.push(("name", name));
+            }
+            if let Some(state) = state {
+                query.push(("state", state));
+            }
+            if let Some(after) = after {
+                query.push(("after", after.to_string()));
+            }
+            let query =
+                serde_urlencoded::to_string(&query).map_err(|e| CliError::Usage(e.to_string()))?;
+            let answer = client
+                .quick(Method::GET, &format!("/jobs?{query}"), None)
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => {
+                    print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! The command line: `jobmgr server` runs the job server, `jobmgr job …`
+//! talks to one. Errors are mapped to exit codes in one place, [`exit_code`].
+
+mod job;
+mod output;
+mod server;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use thiserror::Error;
+
+pub use job::{JobArgs, JobCommand};
+pub use server::ServerArgs;
+
+use crate::client::ClientError;
+use crate::server::ServerError;
+
+/// jobmgr: a worker manager and job server with Bedrock::Jobs semantics.
+#[derive(Debug, Parser)]
+#[command(name = "jobmgr", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the job server (SQLite store, HTTP API).
+    Server(ServerArgs),
+    /// Create, get, inspect and report on jobs of a running server.
+    Job(JobArgs),
+}
+
+/// Why a command failed.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// The server could not start or failed.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// A call to the server failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// An argument is not usable.
+    #[error("{0}")]
+    Usage(String),
+    /// Nothing matched (no job due, no such job).
+    #[error("{0}")]
+    NotFound(String),
+}
+
+/// The process exit code for an outcome: 0 success, 1 failure, 2 bad usage,
+/// 3 nothing found (no job due, no such job).
+pub fn exit_code(result: &Result<(), CliError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Usage(_)) => ExitCode::from(2),
+        Err(CliError::NotFound(_)) => ExitCode::from(3),
+        Err(CliError::Client(e)) if e.is_not_found() => ExitCode::from(3),
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Server(args) => server::run(args).await,
+        Command::Job(command) => job::run(command).await,
+    }
+}

@@ -1,0 +1,143 @@
+//! A client of the HTTP/JSON API: one method per endpoint, answers as JSON
+//! values, errors carrying the server's code and message.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::Value;
+use thiserror::Error;
+
+/// Why a call to the server did not succeed.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// The server answered with an error.
+    #[error("{message} ({code}, HTTP {status})")]
+    Api {
+        /// The HTTP status.
+        status: u16,
+        /// The server's error code.
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The server could not be reached, or answered something unreadable.
+    #[error("cannot reach the job server at {url}: {detail}; is `jobmgr server` running there?")]
+    Transport {
+        /// The URL called.
+        url: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The server URL is not usable.
+    #[error("bad server URL {0:?}: expected http://HOST:PORT")]
+    BadUrl(String),
+}
+
+impl ClientError {
+    /// The server's error code, if it answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// Whether the server said the thing asked for does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ClientError::Api { status: 404, .. })
+    }
+}
+
+/// A client of one server.
+#[derive(Debug, Clone)]
+pub struct HttpClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl HttpClient {
+    /// A client of the server at `base` (`http://127.0.0.1:8889`), sending
+    /// `token` as a bearer token when given.
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
+        let base = base.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) || base.len() < 8 {
+            return Err(ClientError::BadUrl(base));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| ClientError::Transport {
+                url: base.clone(),
+                detail: e.to_string(),
+            })?;
+        Ok(HttpClient {
+            base,
+            token: token.filter(|t| !t.is_empty()),
+            http,
+        })
+    }
+
+    /// The server's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Calls `method path` with an optional JSON body; `timeout` bounds the
+    /// whole call.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<Value, ClientError> {
+        let url = format!("{}{}", self.base, path);
+        let mut request = self.http.request(method, &url).timeout(timeout);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let transport = |e: reqwest::Error| ClientError::Transport {
+            url: url.clone(),
+            detail: e.to_string(),
+        };
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status().as_u16();
+        let text = response.text().await.map_err(transport)?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| ClientError::Transport {
+            url: url.clone(),
+            detail: format!(
+                "answer is not JSON ({e}): {}",
+                text.chars().take(200).collect::<String>()
+            ),
+        })?;
+        if (200..300).contains(&status) {
+            return Ok(value);
+        }
+        let field = |key: &str| {
+            value
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        Err(ClientError::Api {
+            status,
+            code: field("code"),
+            message: field("message"),
+        })
+    }
+
+    /// A call that answers within a minute.
+    pub async fn quick(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ClientError> {
+        self.call(method, path, body, Duration::from_secs(60)).await
+    }
+}

@@ -1,0 +1,5 @@
+//! Clients of a job server. [`HttpClient`] speaks the HTTP/JSON API.
+
+mod http;
+
+pub use http::{ClientError, HttpClient};

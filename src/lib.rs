@@ -1,0 +1,12 @@
+//! jobmgr: a worker manager for job queues, and the job server it talks to.
+//!
+//! - [`protocol`]: the job model and Bedrock::Jobs commands as pure types.
+//! - [`server`]: the job server (SQLite store, queue with blocking GetJob and
+//!   leases, HTTP/JSON API).
+//! - [`client`]: clients of a job server.
+//! - [`cli`]: the command line.
+
+pub mod cli;
+pub mod client;
+pub mod protocol;
+pub mod server;

@@ -1,0 +1,226 @@
+//! The errors a job command can answer with. Each carries Bedrock's status
+//! number and exact message, and a stable machine-readable code for the HTTP
+//! API.
+
+use thiserror::Error;
+
+use super::job::JobId;
+
+/// Why a job command was refused. The `Display` text is Bedrock's message,
+/// without the status number.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum JobError {
+    /// A required parameter is absent or empty.
+    #[error("Missing {0}")]
+    Missing(&'static str),
+    /// A parameter is present but not in the form required.
+    #[error("Malformed {0}")]
+    Malformed(&'static str),
+    /// A priority outside 0, 250, 500, 750, 850, 1000.
+    #[error("Invalid priority value")]
+    InvalidPriority,
+    /// `data` is not a JSON object.
+    #[error("Data is not a valid JSON Object")]
+    DataNotObject,
+    /// `data` is larger than the limit.
+    #[error("Data is larger than 1 MiB")]
+    DataTooLarge,
+    /// `repeat` is not a valid repeat description.
+    #[error("Malformed repeat")]
+    MalformedRepeat,
+    /// `retryAfter` is not a valid SQLite date modifier.
+    #[error("Malformed retryAfter")]
+    MalformedRetryAfter,
+    /// GetJob was sent with `numResults`.
+    #[error("Cannot use numResults with GetJob; try GetJobs")]
+    NumResultsWithGetJob,
+    /// RetryJob with a negative delay.
+    #[error("Must specify a non-negative delay when retrying")]
+    NegativeDelay,
+    /// CreateJobs with a `jobs` value that is not a JSON array of objects.
+    #[error("Invalid JSON")]
+    InvalidJson,
+    /// Nothing due matches the request.
+    #[error("No job found")]
+    NoJobFound,
+    /// No job has this id.
+    #[error("No job with this jobID")]
+    NoSuchJob,
+    /// CreateJob with a `parentJobID` that does not exist.
+    #[error("parentJobID does not exist")]
+    ParentMissing,
+    /// A unique child job already exists under another parent.
+    #[error("Trying to create a child that already exists, but it is tied to a different parent")]
+    ChildOfOtherParent,
+    /// CancelJob on a job that has children.
+    #[error("Invalid jobID - Cannot cancel a job with children")]
+    CancelParent,
+    /// CancelJob on a job that has no parent.
+    #[error("Invalid jobID - Cannot cancel a job without a parent")]
+    CancelOrphan,
+    /// CreateJob with a parent that is not running or paused.
+    #[error("Can only create child job when parent is RUNNING, RUNQUEUED or PAUSED")]
+    ParentNotRunning,
+    /// CreateJob with a parent that is itself a child.
+    #[error("Cannot create grandchildren")]
+    Grandchild,
+    /// FinishJob or RetryJob on a job that is not held.
+    #[error("Can only retry/finish RUNNING and RUNQUEUED jobs")]
+    NotHeldForFinish,
+    /// FinishJob or RetryJob on a child whose parent is not paused.
+    #[error("Can only retry/finish child job when parent is PAUSED")]
+    ParentNotPaused,
+    /// FailJob on a job that is not held.
+    #[error("Can only fail RUNNING or RUNQUEUED jobs")]
+    NotHeldForFail,
+    /// DeleteJob on a running job.
+    #[error("Can't delete a RUNNING job")]
+    DeleteRunning,
+    /// DeleteJob on a parent waiting for its children.
+    #[error("Can't delete a parent jobs with children running")]
+    DeletePaused,
+    /// FinishJob on a parent that still has children that neither finished
+    /// nor were cancelled (a FAILED child must be cancelled first).
+    #[error("Failed to delete a job with outstanding children")]
+    OutstandingChildren,
+    /// A report or heartbeat carrying a lease token that is no longer the
+    /// job's: the lease lapsed and the job was put back or handed to someone
+    /// else. The holder must stop and discard its result.
+    #[error(
+        "Lease lost: job {0} is no longer held under this lease; stop the worker and discard its result"
+    )]
+    LeaseLost(JobId),
+    /// A Bedrock method this server does not know.
+    #[error("Unrecognized command")]
+    UnrecognizedCommand,
+    /// The store failed; nothing was changed.
+    #[error("Job store failed: {0}")]
+    Store(String),
+    /// The server is shutting down and takes no more commands.
+    #[error("Server is shutting down; retry against another server or after restart")]
+    ShuttingDown,
+}
+
+impl JobError {
+    /// Bedrock's status number for this error.
+    pub fn status(&self) -> u16 {
+        use JobError::*;
+        match self {
+            InvalidJson => 401,
+            Missing(_) | Malformed(_) | InvalidPriority | DataNotObject | DataTooLarge
+            | MalformedRepeat | MalformedRetryAfter | NumResultsWithGetJob | NegativeDelay => 402,
+            NoJobFound | NoSuchJob | ParentMissing | ChildOfOtherParent | CancelParent
+            | CancelOrphan => 404,
+            ParentNotRunning | Grandchild | NotHeldForFinish | ParentNotPaused | NotHeldForFail
+            | DeleteRunning | DeletePaused | OutstandingChildren => 405,
+            LeaseLost(_) => 409,
+            UnrecognizedCommand => 430,
+            Store(_) => 502,
+            ShuttingDown => 503,
+        }
+    }
+
+    /// A stable snake_case code for this error, for programs to match on.
+    pub fn code(&self) -> String {
+        use JobError::*;
+        match self {
+            Missing(param) => format!("missing_{}", snake(param)),
+            Malformed(param) => format!("malformed_{}", snake(param)),
+            other => {
+                let code = match other {
+                    InvalidPriority => "invalid_priority",
+                    DataNotObject => "data_not_object",
+                    DataTooLarge => "data_too_large",
+                    MalformedRepeat => "malformed_repeat",
+                    MalformedRetryAfter => "malformed_retry_after",
+                    NumResultsWithGetJob => "num_results_with_get_job",
+                    NegativeDelay => "negative_delay",
+                    InvalidJson => "invalid_json",
+                    NoJobFound => "no_job_found",
+                    NoSuchJob => "no_such_job",
+                    ParentMissing => "parent_missing",
+                    ChildOfOtherParent => "child_of_other_parent",
+                    CancelParent => "cancel_parent",
+                    CancelOrphan => "cancel_orphan",
+                    ParentNotRunning => "parent_not_running",
+                    Grandchild => "grandchild",
+                    NotHeldForFinish => "not_held_for_finish",
+                    ParentNotPaused => "parent_not_paused",
+                    NotHeldForFail => "not_held_for_fail",
+                    DeleteRunning => "delete_running",
+                    DeletePaused => "delete_paused",
+                    OutstandingChildren => "outstanding_children",
+                    LeaseLost(_) => "lease_lost",
+                    UnrecognizedCommand => "unrecognized_command",
+                    Store(_) => "store_failed",
+                    ShuttingDown => "shutting_down",
+                    Missing(_) | Malformed(_) => unreachable!("handled above"),
+                };
+                code.to_string()
+            }
+        }
+    }
+
+    /// The Bedrock status line without the line ending, e.g. `402 Missing name`.
+    pub fn status_line(&self) -> String {
+        format!("{} {}", self.status(), self)
+    }
+}
+
+/// `parentJobID` → `parent_job_id`, `retryAfter` → `retry_after`.
+fn snake(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    let chars: Vec<char> = name.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if c.is_ascii_uppercase() {
+            let prev_lower = i > 0 && chars[i - 1].is_ascii_lowercase();
+            let next_lower = chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase());
+            if i > 0 && (prev_lower || next_lower) {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_match_bedrock() {
+        assert_eq!(JobError::Missing("name").status_line(), "402 Missing name");
+        assert_eq!(
+            JobError::Malformed("jobID").status_line(),
+            "402 Malformed jobID"
+        );
+        assert_eq!(JobError::NoJobFound.status_line(), "404 No job found");
+        assert_eq!(
+            JobError::NotHeldForFinish.status_line(),
+            "405 Can only retry/finish RUNNING and RUNQUEUED jobs"
+        );
+        assert_eq!(JobError::InvalidJson.status_line(), "401 Invalid JSON");
+        assert_eq!(
+            JobError::UnrecognizedCommand.status_line(),
+            "430 Unrecognized command"
+        );
+    }
+
+    #[test]
+    fn codes_are_snake_case() {
+        assert_eq!(JobError::Missing("jobID").code(), "missing_job_id");
+        assert_eq!(
+            JobError::Malformed("parentJobID").code(),
+            "malformed_parent_job_id"
+        );
+        assert_eq!(
+            JobError::Missing("numResults").code(),
+            "missing_num_results"
+        );
+        assert_eq!(JobError::Missing("name").code(), "missing_name");
+        assert_eq!(JobError::LeaseLost(3).code(), "lease_lost");
+    }
+}

@@ -1,0 +1,113 @@
+//! Timestamps as Bedrock writes them: UTC, `YYYY-MM-DD HH:MM:SS[.mmm]`,
+//! held as milliseconds since the Unix epoch.
+
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use std::fmt;
+
+/// A point in time, in milliseconds since 1970-01-01 00:00:00 UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        Timestamp(Utc::now().timestamp_millis())
+    }
+
+    /// Milliseconds since the epoch.
+    pub fn millis(self) -> i64 {
+        self.0
+    }
+
+    /// This time truncated to the whole second, as Bedrock stores `created`
+    /// and `lastRun`.
+    pub fn whole_second(self) -> Self {
+        Timestamp(self.0.div_euclid(1000) * 1000)
+    }
+
+    /// This time moved by `ms` milliseconds, saturating at the ends of `i64`.
+    pub fn plus_millis(self, ms: i64) -> Self {
+        Timestamp(self.0.saturating_add(ms))
+    }
+
+    /// Parses the date forms Bedrock accepts for `firstRun` and `nextRun`:
+    /// `YYYY-MM-DD`, `YYYY-MM-DD HH:MM:SS`, `YYYY-MM-DD HH:MM:SS.fff`, and the
+    /// ISO 8601 spellings with `T` and an optional `Z`. All are UTC.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        let text = text.strip_suffix('Z').unwrap_or(text);
+        if text.len() == 10 {
+            let date = NaiveDate::parse_from_str(text, "%Y-%m-%d").ok()?;
+            return Some(Self::from_naive(date.and_hms_opt(0, 0, 0)?));
+        }
+        for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+            if let Ok(naive) = NaiveDateTime::parse_from_str(text, format) {
+                return Some(Self::from_naive(naive));
+            }
+        }
+        None
+    }
+
+    fn from_naive(naive: NaiveDateTime) -> Self {
+        Timestamp(naive.and_utc().timestamp_millis())
+    }
+
+    /// The time as `YYYY-MM-DD HH:MM:SS`, with `.mmm` only when the
+    /// milliseconds are not zero.
+    pub fn to_bedrock(self) -> String {
+        self.to_string()
+    }
+
+    /// The time to the second, `YYYY-MM-DD HH:MM:SS`, the form SQLite's
+    /// `datetime()` reads and writes.
+    pub fn to_sqlite_seconds(self) -> String {
+        self.datetime().format("%Y-%m-%d %H:%M:%S").to_string()
+    }
+
+    fn datetime(self) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(self.0).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dt = self.datetime();
+        if self.0.rem_euclid(1000) == 0 {
+            write!(f, "{}", dt.format("%Y-%m-%d %H:%M:%S"))
+        } else {
+            write!(f, "{}", dt.format("%Y-%m-%d %H:%M:%S%.3f"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_bedrock_forms() {
+        let t = Timestamp::parse("2016-10-18 18:45:19").unwrap();
+        assert_eq!(t.to_string(), "2016-10-18 18:45:19");
+        let t = Timestamp::parse("2016-10-18 18:45:19.250").unwrap();
+        assert_eq!(t.to_string(), "2016-10-18 18:45:19.250");
+        assert_eq!(t.whole_second().to_string(), "2016-10-18 18:45:19");
+        let t = Timestamp::parse("2016-10-18").unwrap();
+        assert_eq!(t.to_string(), "2016-10-18 00:00:00");
+        let t = Timestamp::parse("2016-10-18T18:45:19Z").unwrap();
+        assert_eq!(t.to_string(), "2016-10-18 18:45:19");
+    }
+
+    #[test]
+    fn refuses_garbage() {
+        for bad in [
+            "",
+            "tomorrow",
+            "2016-13-01",
+            "2016-10-18 25:00:00",
+            "2016-10-18 18:45",
+            "1;DROP",
+        ] {
+            assert_eq!(Timestamp::parse(bad), None, "{bad:?}");
+        }
+    }
+}

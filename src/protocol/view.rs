@@ -1,0 +1,111 @@
+//! The JSON shapes of jobs in answers, shared by both wire front-ends:
+//! Bedrock's key names, numbers as numbers, `data` inline, keys sorted.
+
+use serde_json::{Map, Value, json};
+
+use super::job::Job;
+use super::{Data, JobId, Timestamp};
+
+/// A job handed out by GetJob(s) or the dequeue endpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandOut {
+    /// The job as it was selected (before the hand-out changed it, as Bedrock
+    /// answers).
+    pub job: Job,
+    /// The parent's data, for a child job.
+    pub parent_data: Option<Data>,
+    /// Children that finished, for a parent resumed after them.
+    pub finished_children: Vec<(JobId, Data)>,
+    /// Children that were cancelled, for a parent resumed after them.
+    pub cancelled_children: Vec<(JobId, Data)>,
+    /// The lease token for reports and heartbeats.
+    pub lease_token: String,
+    /// When the lease lapses, unless renewed; `None` when held until reported.
+    pub lease_expires: Option<Timestamp>,
+    /// Which hand-out of this job this is, from 1.
+    pub attempt: i64,
+}
+
+impl HandOut {
+    /// The object Bedrock's GetJob returns.
+    pub fn bedrock_json(&self) -> Map<String, Value> {
+        let job = &self.job;
+        let mut out = Map::new();
+        out.insert("jobID".into(), json!(job.id));
+        out.insert("name".into(), json!(job.name));
+        out.insert("data".into(), Value::Object(job.data.clone()));
+        out.insert("priority".into(), json!(job.priority.value()));
+        out.insert("repeat".into(), json!(job.repeat));
+        out.insert("nextRun".into(), json!(job.next_run.to_string()));
+        out.insert("lastRun".into(), json!(time_or_empty(job.last_run)));
+        out.insert("created".into(), json!(job.created.to_string()));
+        out.insert("retryAfter".into(), json!(job.retry_after));
+        if job.is_child() {
+            out.insert("parentJobID".into(), json!(job.parent_id));
+            out.insert(
+                "parentData".into(),
+                Value::Object(self.parent_data.clone().unwrap_or_default()),
+            );
+        }
+        if !self.finished_children.is_empty() || !self.cancelled_children.is_empty() {
+            out.insert(
+                "finishedChildJobs".into(),
+                children(&self.finished_children),
+            );
+            out.insert(
+                "cancelledChildJobs".into(),
+                children(&self.cancelled_children),
+            );
+        }
+        out
+    }
+
+    /// The Bedrock object plus the lease: `lease` (the token),
+    /// `leaseExpires` (or `""` when held until reported) and `attempt`.
+    pub fn leased_json(&self) -> Map<String, Value> {
+        let mut out = self.bedrock_json();
+        out.insert("lease".into(), json!(self.lease_token));
+        out.insert(
+            "leaseExpires".into(),
+            json!(time_or_empty(self.lease_expires)),
+        );
+        out.insert("attempt".into(), json!(self.attempt));
+        out
+    }
+}
+
+/// The object QueryJob returns: the job with its `state`, plus `parentJobID`
+/// and, while it is held, `leaseExpires`, `attempts` and `lapses`.
+pub fn query_json(job: &Job) -> Map<String, Value> {
+    let mut out = Map::new();
+    out.insert("jobID".into(), json!(job.id));
+    out.insert("name".into(), json!(job.name));
+    out.insert("state".into(), json!(job.state.as_str()));
+    out.insert("data".into(), Value::Object(job.data.clone()));
+    out.insert("priority".into(), json!(job.priority.value()));
+    out.insert("repeat".into(), json!(job.repeat));
+    out.insert("nextRun".into(), json!(job.next_run.to_string()));
+    out.insert("lastRun".into(), json!(time_or_empty(job.last_run)));
+    out.insert("created".into(), json!(job.created.to_string()));
+    out.insert("retryAfter".into(), json!(job.retry_after));
+    out.insert("parentJobID".into(), json!(job.parent_id));
+    out.insert("attempts".into(), json!(job.attempts));
+    out.insert("lapses".into(), json!(job.lapses));
+    out.insert(
+        "leaseExpires".into(),
+        json!(time_or_empty(job.lease.as_ref().and_then(|l| l.expires))),
+    );
+    out
+}
+
+fn children(list: &[(JobId, Data)]) -> Value {
+    Value::Array(
+        list.iter()
+            .map(|(id, data)| json!({"jobID": id, "data": Value::Object(data.clone())}))
+            .collect(),
+    )
+}
+
+fn time_or_empty(time: Option<Timestamp>) -> String {
+    time.map(|t| t.to_string()).unwrap_or_default()
+}

@@ -1,0 +1,70 @@
+//! Request bodies and query strings read strictly: bounded in size, unknown
+//! fields refused, and every failure answered as a JSON [`ApiError`].
+
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+/// The largest body of a request about one job.
+pub const MAX_BODY: usize = 2 * 1024 * 1024;
+
+/// The largest body of a batch create.
+pub const MAX_BATCH_BODY: usize = 64 * 1024 * 1024;
+
+/// A JSON body of at most [`MAX_BODY`] bytes. An empty body reads as `{}`.
+pub struct Body<T>(pub T);
+
+/// A JSON body of at most [`MAX_BATCH_BODY`] bytes.
+pub struct BatchBody<T>(pub T);
+
+async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T, ApiError> {
+    let bytes = axum::body::to_bytes(req.into_body(), limit)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("request body is larger than {limit} bytes; job data is limited to 1 MiB"),
+            )
+        })?;
+    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(text)
+        .map_err(|error| ApiError::bad_request(format!("request body is not valid: {error}")))
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, Self::Rejection> {
+        read_json(req, MAX_BODY).await.map(Body)
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for BatchBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, Self::Rejection> {
+        read_json(req, MAX_BATCH_BODY).await.map(BatchBody)
+    }
+}
+
+/// A query string read with unknown parameters refused.
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        serde_urlencoded::from_str(query)
+            .map(Params)
+            .map_err(|error| ApiError::bad_request(format!("query string is not valid: {error}")))
+    }
+}

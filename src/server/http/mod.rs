@@ -1,0 +1,96 @@
+//! The HTTP/JSON front-end: a resource API over the queue (`/jobs`, their
+//! actions, and `/dequeue` with a wait), its OpenAPI document at
+//! `/openapi.json`, and bearer-token checks when a token is configured.
+
+mod body;
+mod error;
+mod requests;
+mod routes;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+pub use error::ApiError;
+
+use crate::server::queue::Queue;
+
+/// The API's routes over `queue`. With a `token`, every route but
+/// `/healthz` requires `Authorization: Bearer <token>`.
+pub fn router(queue: Queue, token: Option<String>) -> Router {
+    let api = Router::new()
+        .route("/openapi.json", get(routes::openapi))
+        .route("/jobs", post(routes::create).get(routes::list))
+        .route("/jobs/batch", post(routes::create_many))
+        .route("/jobs/requeue", post(routes::requeue))
+        .route(
+            "/jobs/{id}",
+            get(routes::query)
+                .patch(routes::update)
+                .delete(routes::delete),
+        )
+        .route("/jobs/{id}/finish", post(routes::finish))
+        .route("/jobs/{id}/retry", post(routes::retry))
+        .route("/jobs/{id}/fail", post(routes::fail))
+        .route("/jobs/{id}/cancel", post(routes::cancel))
+        .route("/jobs/{id}/heartbeat", post(routes::heartbeat))
+        .route("/dequeue", post(routes::dequeue))
+        .route_layer(middleware::from_fn_with_state(token, require_token));
+    Router::new()
+        .route("/healthz", get(routes::health))
+        .merge(api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(queue)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        "no such route; see /openapi.json",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method; see /openapi.json",
+    )
+}
+
+async fn require_token(
+    State(token): State<Option<String>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(expected) = token {
+        let given = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong bearer token: send `Authorization: Bearer <token>` with the server's token",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Compares secrets without stopping at the first difference.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

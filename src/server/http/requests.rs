@@ -1,0 +1,292 @@
+//! The HTTP API's request bodies, and their conversion to checked commands.
+//! Field names follow Bedrock's (`jobID`, `firstRun`, `retryAfter`, …);
+//! `priority` is also accepted as `jobPriority`.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::protocol::{
+    CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, MAX_NUM_RESULTS,
+    NamePattern, Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, Timestamp, UpdateJob,
+    check_data, check_job_id, check_name, parse_time,
+};
+
+/// The longest a dequeue may wait: one hour.
+pub const MAX_WAIT_MS: u64 = 3_600_000;
+
+/// The shortest lease a dequeue may ask for.
+pub const MIN_LEASE_MS: u64 = 100;
+
+/// The longest lease a dequeue may ask for: one day.
+pub const MAX_LEASE_MS: u64 = 86_400_000;
+
+fn data(value: Option<Value>) -> Result<Option<Data>, JobError> {
+    value.map(check_data).transpose()
+}
+
+fn priority(value: Option<i64>) -> Result<Option<Priority>, JobError> {
+    value.map(Priority::new).transpose()
+}
+
+fn time(param: &'static str, value: Option<String>) -> Result<Option<Timestamp>, JobError> {
+    value
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| parse_time(param, &t))
+        .transpose()
+}
+
+fn repeat(value: Option<String>) -> Result<Option<Repeat>, JobError> {
+    value
+        .filter(|r| !r.trim().is_empty())
+        .map(|r| Repeat::parse(&r))
+        .transpose()
+}
+
+/// `POST /jobs`, and each element of `POST /jobs/batch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CreateJobRequest {
+    name: Option<String>,
+    data: Option<Value>,
+    first_run: Option<String>,
+    repeat: Option<String>,
+    #[serde(alias = "jobPriority")]
+    priority: Option<i64>,
+    unique: Option<bool>,
+    overwrite: Option<bool>,
+    #[serde(rename = "parentJobID")]
+    parent_job_id: Option<i64>,
+    retry_after: Option<String>,
+}
+
+impl CreateJobRequest {
+    /// The checked command.
+    pub fn into_command(self) -> Result<CreateJob, JobError> {
+        let name = self.name.unwrap_or_default();
+        check_name(&name)?;
+        Ok(CreateJob {
+            name,
+            data: data(self.data)?.unwrap_or_default(),
+            first_run: time("firstRun", self.first_run)?,
+            repeat: repeat(self.repeat)?,
+            priority: priority(self.priority)?,
+            unique: self.unique.unwrap_or(false),
+            overwrite: self.overwrite.unwrap_or(true),
+            parent_id: self
+                .parent_job_id
+                .filter(|&id| id != 0)
+                .map(|id| check_job_id("parentJobID", id))
+                .transpose()?,
+            retry_after: self
+                .retry_after
+                .filter(|r| !r.trim().is_empty())
+                .map(|r| RetryAfter::parse(&r))
+                .transpose()?,
+        })
+    }
+}
+
+/// `POST /jobs/batch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateJobsRequest {
+    /// The jobs.
+    pub jobs: Vec<CreateJobRequest>,
+}
+
+/// `POST /dequeue`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DequeueRequest {
+    name: Option<String>,
+    num_results: Option<u64>,
+    wait_ms: Option<u64>,
+    lease_ms: Option<u64>,
+    #[serde(alias = "jobPriority")]
+    priority: Option<i64>,
+}
+
+impl DequeueRequest {
+    /// The checked command and how long to wait.
+    pub fn into_command(
+        self,
+        default_lease_ms: i64,
+    ) -> Result<(GetJobs, Option<std::time::Duration>), JobError> {
+        let pattern = NamePattern::parse(self.name.as_deref().unwrap_or(""))?;
+        let num_results = self
+            .num_results
+            .unwrap_or(1)
+            .clamp(1, MAX_NUM_RESULTS as u64) as usize;
+        let lease_ms = match self.lease_ms {
+            None => default_lease_ms,
+            Some(ms) if (MIN_LEASE_MS..=MAX_LEASE_MS).contains(&ms) => ms as i64,
+            Some(_) => return Err(JobError::Malformed("leaseMs")),
+        };
+        let wait = match self.wait_ms {
+            None | Some(0) => None,
+            Some(ms) if ms <= MAX_WAIT_MS => Some(std::time::Duration::from_millis(ms)),
+            Some(_) => return Err(JobError::Malformed("waitMs")),
+        };
+        let cmd = GetJobs {
+            pattern,
+            num_results,
+            priority: priority(self.priority)?,
+            lease: LeaseTerm::Millis(lease_ms),
+        };
+        Ok((cmd, wait))
+    }
+}
+
+/// `PATCH /jobs/{id}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct UpdateJobRequest {
+    data: Option<Value>,
+    repeat: Option<String>,
+    #[serde(alias = "jobPriority")]
+    priority: Option<i64>,
+    next_run: Option<String>,
+    clear_repeat: Option<bool>,
+}
+
+impl UpdateJobRequest {
+    /// The checked command.
+    pub fn into_command(self, id: JobId) -> Result<UpdateJob, JobError> {
+        Ok(UpdateJob {
+            id,
+            data: data(self.data)?.ok_or(JobError::Missing("data"))?,
+            repeat: repeat(self.repeat)?,
+            clear_repeat: self.clear_repeat.unwrap_or(false),
+            priority: priority(self.priority)?,
+            next_run: time("nextRun", self.next_run)?,
+        })
+    }
+}
+
+/// `POST /jobs/{id}/finish`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinishJobRequest {
+    data: Option<Value>,
+    lease: Option<String>,
+}
+
+impl FinishJobRequest {
+    /// The checked command.
+    pub fn into_command(self, id: JobId) -> Result<FinishJob, JobError> {
+        Ok(FinishJob {
+            id,
+            data: data(self.data)?,
+            lease: self.lease,
+        })
+    }
+}
+
+/// `POST /jobs/{id}/fail`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailJobRequest {
+    data: Option<Value>,
+    lease: Option<String>,
+}
+
+impl FailJobRequest {
+    /// The checked command.
+    pub fn into_command(self, id: JobId) -> Result<FailJob, JobError> {
+        Ok(FailJob {
+            id,
+            data: data(self.data)?,
+            lease: self.lease,
+        })
+    }
+}
+
+/// `POST /jobs/{id}/retry`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RetryJobRequest {
+    data: Option<Value>,
+    delay: Option<i64>,
+    next_run: Option<String>,
+    name: Option<String>,
+    #[serde(alias = "jobPriority")]
+    priority: Option<i64>,
+    ignore_repeat: Option<bool>,
+    lease: Option<String>,
+}
+
+impl RetryJobRequest {
+    /// The checked command.
+    pub fn into_command(self, id: JobId) -> Result<RetryJob, JobError> {
+        if let Some(name) = &self.name {
+            check_name(name)?;
+        }
+        Ok(RetryJob {
+            id,
+            data: data(self.data)?,
+            delay_secs: self.delay.unwrap_or(0),
+            next_run: time("nextRun", self.next_run)?,
+            name: self.name,
+            priority: priority(self.priority)?,
+            ignore_repeat: self.ignore_repeat.unwrap_or(false),
+            lease: self.lease,
+        })
+    }
+}
+
+/// `POST /jobs/{id}/heartbeat`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The lease token from the hand-out.
+    pub lease: Option<String>,
+}
+
+/// An empty body, for actions without parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyRequest {}
+
+/// `POST /jobs/requeue`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequeueRequest {
+    #[serde(rename = "jobIDs")]
+    job_ids: Option<Vec<i64>>,
+    name: Option<String>,
+}
+
+impl RequeueRequest {
+    /// The checked command.
+    pub fn into_command(self) -> Result<RequeueJobs, JobError> {
+        let ids = self
+            .job_ids
+            .filter(|ids| !ids.is_empty())
+            .ok_or(JobError::Missing("jobIDs"))?;
+        let ids = ids
+            .into_iter()
+            .map(|id| check_job_id("jobIDs", id))
+            .collect::<Result<_, _>>()?;
+        if let Some(name) = &self.name {
+            check_name(name)?;
+        }
+        Ok(RequeueJobs {
+            ids,
+            name: self.name,
+        })
+    }
+}
+
+/// `GET /jobs` query parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// A GLOB or comma list of names.
+    pub name: Option<String>,
+    /// Only this state.
+    pub state: Option<String>,
+    /// Only ids greater than this.
+    pub after: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<usize>,
+}

@@ -1,0 +1,196 @@
+//! The HTTP API's handlers: one per job action, each a thin translation from
+//! a request body to a queue call and back.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use serde_json::{Map, Value, json};
+
+use super::body::{BatchBody, Body, Params};
+use super::error::ApiError;
+use super::requests::{
+    CreateJobRequest, CreateJobsRequest, DequeueRequest, EmptyRequest, FailJobRequest,
+    FinishJobRequest, HeartbeatRequest, ListParams, RequeueRequest, RetryJobRequest,
+    UpdateJobRequest,
+};
+use crate::protocol::view::query_json;
+use crate::protocol::{JobError, JobId, JobState, MAX_BATCH_JOBS, NamePattern, parse_job_id};
+use crate::server::queue::Queue;
+use crate::server::store::ListQuery;
+
+type Answer = Result<Json<Value>, ApiError>;
+
+fn ok() -> Answer {
+    Ok(Json(json!({})))
+}
+
+fn job_id(text: &str) -> Result<JobId, ApiError> {
+    parse_job_id("jobID", text).map_err(ApiError::from)
+}
+
+/// `GET /healthz`
+pub async fn health(State(queue): State<Queue>) -> Json<Value> {
+    Json(json!({"status": "ok", "waiting": queue.waiting()}))
+}
+
+/// `GET /openapi.json`
+pub async fn openapi() -> ([(axum::http::HeaderName, &'static str); 1], &'static str) {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+}
+
+/// `POST /jobs`: CreateJob.
+pub async fn create(State(queue): State<Queue>, Body(req): Body<CreateJobRequest>) -> Answer {
+    let id = queue.create(req.into_command()?).await?;
+    Ok(Json(json!({"jobID": id})))
+}
+
+/// `POST /jobs/batch`: CreateJobs, all or nothing.
+pub async fn create_many(
+    State(queue): State<Queue>,
+    BatchBody(req): BatchBody<CreateJobsRequest>,
+) -> Answer {
+    if req.jobs.is_empty() {
+        return Err(JobError::InvalidJson.into());
+    }
+    if req.jobs.len() > MAX_BATCH_JOBS {
+        return Err(ApiError::bad_request(format!(
+            "a batch holds at most {MAX_BATCH_JOBS} jobs; split it"
+        )));
+    }
+    let cmds = req
+        .jobs
+        .into_iter()
+        .map(CreateJobRequest::into_command)
+        .collect::<Result<Vec<_>, _>>()?;
+    let ids = queue.create_many(cmds).await?;
+    Ok(Json(json!({"jobIDs": ids})))
+}
+
+/// `GET /jobs`: a listing, in id order.
+pub async fn list(State(queue): State<Queue>, Params(params): Params<ListParams>) -> Answer {
+    let pattern = params
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .map(NamePattern::parse)
+        .transpose()?;
+    let state = params
+        .state
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<JobState>().map_err(ApiError::bad_request))
+        .transpose()?;
+    let query = ListQuery {
+        pattern,
+        state,
+        after_id: params.after,
+        limit: params.limit.unwrap_or(100).clamp(1, 1000),
+    };
+    let jobs: Vec<Value> = queue
+        .list(query)
+        .await?
+        .iter()
+        .map(|j| Value::Object(query_json(j)))
+        .collect();
+    Ok(Json(json!({"jobs": jobs})))
+}
+
+/// `GET /jobs/{id}`: QueryJob.
+pub async fn query(State(queue): State<Queue>, Path(id): Path<String>) -> Answer {
+    let job = queue.query(job_id(&id)?).await?;
+    Ok(Json(Value::Object(query_json(&job))))
+}
+
+/// `PATCH /jobs/{id}`: UpdateJob.
+pub async fn update(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<UpdateJobRequest>,
+) -> Answer {
+    queue.update(req.into_command(job_id(&id)?)?).await?;
+    ok()
+}
+
+/// `DELETE /jobs/{id}`: DeleteJob.
+pub async fn delete(State(queue): State<Queue>, Path(id): Path<String>) -> Answer {
+    queue.delete(job_id(&id)?).await?;
+    ok()
+}
+
+/// `POST /jobs/{id}/finish`: FinishJob.
+pub async fn finish(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<FinishJobRequest>,
+) -> Answer {
+    queue.finish(req.into_command(job_id(&id)?)?).await?;
+    ok()
+}
+
+/// `POST /jobs/{id}/retry`: RetryJob.
+pub async fn retry(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<RetryJobRequest>,
+) -> Answer {
+    queue.retry(req.into_command(job_id(&id)?)?).await?;
+    ok()
+}
+
+/// `POST /jobs/{id}/fail`: FailJob.
+pub async fn fail(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<FailJobRequest>,
+) -> Answer {
+    queue.fail(req.into_command(job_id(&id)?)?).await?;
+    ok()
+}
+
+/// `POST /jobs/{id}/cancel`: CancelJob.
+pub async fn cancel(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(_): Body<EmptyRequest>,
+) -> Answer {
+    queue.cancel(job_id(&id)?).await?;
+    ok()
+}
+
+/// `POST /jobs/{id}/heartbeat`: renews a lease.
+pub async fn heartbeat(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<HeartbeatRequest>,
+) -> Answer {
+    let id = job_id(&id)?;
+    let token = req
+        .lease
+        .filter(|t| !t.is_empty())
+        .ok_or(JobError::Missing("lease"))?;
+    let expires = queue.heartbeat(id, token).await?;
+    Ok(Json(
+        json!({"leaseExpires": expires.map(|t| t.to_string()).unwrap_or_default()}),
+    ))
+}
+
+/// `POST /jobs/requeue`: RequeueJobs.
+pub async fn requeue(State(queue): State<Queue>, Body(req): Body<RequeueRequest>) -> Answer {
+    let count = queue.requeue(req.into_command()?).await?;
+    Ok(Json(json!({"requeued": count})))
+}
+
+/// `POST /dequeue`: GetJobs with a lease, optionally waiting.
+pub async fn dequeue(State(queue): State<Queue>, Body(req): Body<DequeueRequest>) -> Answer {
+    let (cmd, wait) = req.into_command(queue.config().default_lease_ms)?;
+    let handouts = queue.get_jobs(cmd, wait).await?;
+    let jobs: Vec<Value> = handouts
+        .iter()
+        .map(|h| Value::Object(h.leased_json()))
+        .collect();
+    let mut out = Map::new();
+    out.insert("jobs".into(), Value::Array(jobs));
+    Ok(Json(Value::Object(out)))
+}

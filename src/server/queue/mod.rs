@@ -1,0 +1,362 @@
+//! Bedrock::Jobs semantics over a [`Store`], with blocking GetJob: requests
+//! held until a matching job is due, woken by the commit that made it due or,
+//! for jobs due later, by one timer set to the earliest such moment. Leases
+//! lapse on the same timer.
+
+mod rules;
+mod scheduler;
+mod tracked;
+mod waiters;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::protocol::view::HandOut;
+use crate::protocol::{
+    CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, RequeueJobs, RetryJob,
+    Timestamp, UpdateJob,
+};
+use crate::server::store::{ListQuery, Store};
+
+pub use rules::{MAX_RETRY_AFTER_HANDOUTS, new_token};
+pub use tracked::{Changes, Tracked};
+pub use waiters::{Ticket, Waiters};
+
+/// Where the queue reads the time. Tests may substitute their own.
+pub trait Clock: Send + Sync {
+    /// The current time.
+    fn now(&self) -> Timestamp;
+}
+
+/// The system's wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// Settings of the queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueConfig {
+    /// The lease a hand-out gets when the caller asks for a lease but names
+    /// no term, and a job has no `retryAfter`.
+    pub default_lease_ms: i64,
+    /// Lapsed leases after which a job is FAILED rather than queued again.
+    pub max_lapses: i64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            default_lease_ms: 5 * 60 * 1000,
+            max_lapses: 10,
+        }
+    }
+}
+
+/// The job queue: cheap to clone, shared by every front-end.
+#[derive(Clone)]
+pub struct Queue {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    waiters: Waiters,
+    timer: Timer,
+    config: QueueConfig,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+}
+
+/// The scheduler's alarm: the earliest moment something is due, set by
+/// commits and read by the scheduler task.
+#[derive(Default)]
+struct Timer {
+    state: Mutex<TimerState>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct TimerState {
+    /// The moment the scheduler is sleeping until.
+    armed: Option<Timestamp>,
+    /// An earlier moment reported since it last looked.
+    pending: Option<Timestamp>,
+}
+
+impl Timer {
+    fn nudge(&self, at: Timestamp) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.armed.is_some_and(|armed| armed <= at) || state.pending.is_some_and(|p| p <= at) {
+            return;
+        }
+        state.pending = Some(at);
+        drop(state);
+        self.notify.notify_one();
+    }
+}
+
+impl Queue {
+    /// A queue over `store`, with its scheduler running on the current
+    /// runtime until [`Queue::shutdown`].
+    pub fn start(store: Arc<dyn Store>, config: QueueConfig) -> Self {
+        Self::start_with_clock(store, config, Arc::new(SystemClock))
+    }
+
+    /// As [`Queue::start`], reading time from `clock`.
+    pub fn start_with_clock(
+        store: Arc<dyn Store>,
+        config: QueueConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let queue = Queue {
+            inner: Arc::new(Inner {
+                store,
+                waiters: Waiters::default(),
+                timer: Timer::default(),
+                config,
+                clock,
+                shutdown: CancellationToken::new(),
+            }),
+        };
+        tokio::spawn(scheduler::run(queue.clone()));
+        queue
+    }
+
+    /// The queue's settings.
+    pub fn config(&self) -> QueueConfig {
+        self.inner.config
+    }
+
+    /// The current time, by the queue's clock.
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// How many GetJob requests are held.
+    pub fn waiting(&self) -> usize {
+        self.inner.waiters.len()
+    }
+
+    /// Stops the scheduler and answers every held request (with nothing).
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.waiters.wake_all();
+    }
+
+    /// Whether [`Queue::shutdown`] was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// Runs `op` in a durable write transaction, then wakes waiters for the
+    /// jobs it made due and sets the timer for those it scheduled.
+    pub async fn write<R, F>(&self, op: F) -> Result<R, JobError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Tracked) -> Result<R, JobError> + Send + 'static,
+    {
+        let clock = Arc::clone(&self.inner.clock);
+        let (result, changes) = self
+            .inner
+            .store
+            .write(move |store| {
+                let mut tx = Tracked::new(store, clock.now());
+                let result = op(&mut tx)?;
+                Ok((result, tx.into_changes()))
+            })
+            .await?;
+        self.after_commit(changes);
+        Ok(result)
+    }
+
+    fn after_commit(&self, changes: Changes) {
+        // Judge "due" by the time after the commit: a job that became due
+        // while the commit was in flight is woken here, since the timer may
+        // already have passed its moment.
+        let now = self.now();
+        let mut due = Vec::new();
+        let mut later = changes.lease_expiry;
+        for (name, priority, next_run) in changes.ready {
+            if next_run <= now {
+                due.push((name, priority));
+            } else {
+                later = Some(later.map_or(next_run, |l| l.min(next_run)));
+            }
+        }
+        self.inner.waiters.wake(&due);
+        if let Some(at) = later {
+            self.inner.timer.nudge(at);
+        }
+    }
+
+    async fn read<R, F>(&self, op: F) -> Result<R, JobError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn crate::server::store::StoreTx) -> Result<R, JobError> + Send + 'static,
+    {
+        self.inner.store.read(op).await
+    }
+
+    /// CreateJob.
+    pub async fn create(&self, cmd: CreateJob) -> Result<JobId, JobError> {
+        self.write(move |tx| rules::create(tx, &cmd)).await
+    }
+
+    /// CreateJobs: all or nothing.
+    pub async fn create_many(&self, cmds: Vec<CreateJob>) -> Result<Vec<JobId>, JobError> {
+        self.write(move |tx| cmds.iter().map(|cmd| rules::create(tx, cmd)).collect())
+            .await
+    }
+
+    /// GetJob(s). Without `wait`, answers at once; with it, holds the request
+    /// until a matching job is due or the wait ends, and then answers with
+    /// what it found (possibly nothing). If the caller stops waiting (drops
+    /// the future) after jobs were taken for it, they are put back.
+    pub async fn get_jobs(
+        &self,
+        cmd: GetJobs,
+        wait: Option<Duration>,
+    ) -> Result<Vec<HandOut>, JobError> {
+        let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+        let pattern = Arc::new(cmd.pattern.clone());
+        loop {
+            let ticket = deadline.map(|_| {
+                self.inner
+                    .waiters
+                    .register(Arc::clone(&pattern), cmd.priority, cmd.num_results)
+            });
+            let handouts = self.claim(cmd.clone()).await?;
+            if !handouts.is_empty() {
+                if let Some(ticket) = ticket {
+                    let cascade = ticket.was_woken() && handouts.len() == cmd.num_results;
+                    ticket.disarm();
+                    if cascade {
+                        // There may be more; let the next waiter look.
+                        let names: Vec<_> = handouts
+                            .iter()
+                            .map(|h| (h.job.name.clone(), h.job.priority))
+                            .collect();
+                        self.inner.waiters.wake(&names);
+                    }
+                }
+                return Ok(handouts);
+            }
+            let (Some(deadline), Some(ticket)) = (deadline, ticket) else {
+                return Ok(handouts);
+            };
+            if self.is_shut_down() {
+                ticket.disarm();
+                return Ok(Vec::new());
+            }
+            tokio::select! {
+                _ = ticket.notified() => ticket.disarm(),
+                _ = tokio::time::sleep_until(deadline) => {
+                    ticket.disarm();
+                    return Ok(Vec::new());
+                }
+                _ = self.inner.shutdown.cancelled() => {
+                    ticket.disarm();
+                    return Ok(Vec::new());
+                }
+            }
+        }
+    }
+
+    /// Takes due jobs in a task of its own, so that a caller who goes away
+    /// mid-claim cannot strand them: if the answer finds nobody, the jobs
+    /// are put back.
+    async fn claim(&self, cmd: GetJobs) -> Result<Vec<HandOut>, JobError> {
+        let (answer, answered) = oneshot::channel();
+        let queue = self.clone();
+        tokio::spawn(async move {
+            let result = queue.write(move |tx| rules::get_jobs(tx, &cmd)).await;
+            if let Err(Ok(handouts)) = answer.send(result)
+                && !handouts.is_empty()
+            {
+                tracing::info!(
+                    count = handouts.len(),
+                    "requester left before its jobs were delivered; putting them back"
+                );
+                if let Err(error) = queue.return_undelivered(handouts).await {
+                    tracing::error!(%error, "could not put back undelivered jobs; they return when their lease lapses");
+                }
+            }
+        });
+        answered.await.unwrap_or(Err(JobError::ShuttingDown))
+    }
+
+    /// Puts back jobs whose hand-out could not be delivered, as they were
+    /// before it, unless someone already reported on them.
+    pub async fn return_undelivered(&self, handouts: Vec<HandOut>) -> Result<usize, JobError> {
+        self.write(move |tx| rules::return_undelivered(tx, &handouts))
+            .await
+    }
+
+    /// QueryJob.
+    pub async fn query(&self, id: JobId) -> Result<Job, JobError> {
+        self.read(move |tx| tx.get(id)?.ok_or(JobError::NoSuchJob))
+            .await
+    }
+
+    /// Lists jobs in id order.
+    pub async fn list(&self, query: ListQuery) -> Result<Vec<Job>, JobError> {
+        self.read(move |tx| tx.list(&query)).await
+    }
+
+    /// How many jobs are in each state.
+    pub async fn count_by_state(&self) -> Result<Vec<(JobState, u64)>, JobError> {
+        self.read(|tx| tx.count_by_state()).await
+    }
+
+    /// UpdateJob.
+    pub async fn update(&self, cmd: UpdateJob) -> Result<(), JobError> {
+        self.write(move |tx| rules::update(tx, &cmd)).await
+    }
+
+    /// FinishJob.
+    pub async fn finish(&self, cmd: FinishJob) -> Result<(), JobError> {
+        self.write(move |tx| rules::finish_or_retry(tx, rules::Report::Finish(&cmd)))
+            .await
+    }
+
+    /// RetryJob.
+    pub async fn retry(&self, cmd: RetryJob) -> Result<(), JobError> {
+        self.write(move |tx| rules::finish_or_retry(tx, rules::Report::Retry(&cmd)))
+            .await
+    }
+
+    /// FailJob.
+    pub async fn fail(&self, cmd: FailJob) -> Result<(), JobError> {
+        self.write(move |tx| rules::fail(tx, &cmd)).await
+    }
+
+    /// DeleteJob.
+    pub async fn delete(&self, id: JobId) -> Result<(), JobError> {
+        self.write(move |tx| rules::delete(tx, id)).await
+    }
+
+    /// CancelJob.
+    pub async fn cancel(&self, id: JobId) -> Result<(), JobError> {
+        self.write(move |tx| rules::cancel(tx, id)).await
+    }
+
+    /// RequeueJobs; returns how many jobs existed and were requeued.
+    pub async fn requeue(&self, cmd: RequeueJobs) -> Result<usize, JobError> {
+        self.write(move |tx| rules::requeue(tx, &cmd)).await
+    }
+
+    /// Renews a lease; returns when it now lapses.
+    pub async fn heartbeat(&self, id: JobId, token: String) -> Result<Option<Timestamp>, JobError> {
+        let term = self.inner.config.default_lease_ms;
+        self.write(move |tx| rules::heartbeat(tx, id, &token, term))
+            .await
+    }
+}

@@ -1,0 +1,580 @@
+//! Bedrock::Jobs semantics, one function per command, over a tracked store
+//! transaction. Each function either completes or returns an error, and the
+//! caller's transaction is rolled back on error, so a refused command changes
+//! nothing.
+
+use serde_json::{Value, json};
+
+use super::tracked::Tracked;
+use crate::protocol::view::HandOut;
+use crate::protocol::{
+    CreateJob, Data, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, Lease, LeaseTerm,
+    Repeat, RepeatBase, RequeueJobs, RetryAfter, RetryJob, Timestamp, UpdateJob, check_name,
+};
+use crate::server::calendar;
+
+/// Hand-outs of a `retryAfter` job without a report after which it fails.
+pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
+
+/// The data key where GetJob counts unreported `retryAfter` hand-outs.
+const RETRY_AFTER_COUNT: &str = "retryAfterCount";
+
+/// Data keys that are bookkeeping, not the caller's, when comparing data for
+/// a unique CreateJob.
+const BOOKKEEPING_KEYS: [&str; 2] = [RETRY_AFTER_COUNT, "originalNextRun"];
+
+/// A fresh, unguessable lease token.
+pub fn new_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// CreateJob. Returns the id of the new job, or of the existing one for a
+/// `unique` job that exists.
+pub fn create(tx: &mut Tracked, cmd: &CreateJob) -> Result<JobId, JobError> {
+    check_name(&cmd.name)?;
+    let mut initial_state = JobState::Queued;
+    if let Some(parent_id) = cmd.parent_id {
+        let parent = tx.get(parent_id)?.ok_or(JobError::ParentMissing)?;
+        if !matches!(
+            parent.state,
+            JobState::Running | JobState::Runqueued | JobState::Paused
+        ) {
+            return Err(JobError::ParentNotRunning);
+        }
+        if parent.is_child() {
+            return Err(JobError::Grandchild);
+        }
+        // Children of a running parent wait for it to finish; a child created
+        // while the parent is paused (a sibling made by a child) runs at once.
+        if parent.state != JobState::Paused {
+            initial_state = JobState::Paused;
+        }
+    }
+
+    if cmd.unique
+        && let Some(mut existing) = tx.find_by_name(&cmd.name)?
+    {
+        if existing.is_child() && existing.parent_id != cmd.parent_id.unwrap_or(0) {
+            return Err(JobError::ChildOfOtherParent);
+        }
+        if same_data(&existing.data, &cmd.data) || !cmd.overwrite {
+            return Ok(existing.id);
+        }
+        let mut merged = Value::Object(std::mem::take(&mut existing.data));
+        json_patch::merge(&mut merged, &Value::Object(cmd.data.clone()));
+        existing.data = match merged {
+            Value::Object(map) => map,
+            _ => Data::new(),
+        };
+        if let Some(repeat) = &cmd.repeat {
+            existing.repeat = repeat.text.clone();
+        }
+        if let Some(priority) = cmd.priority {
+            existing.priority = priority;
+        }
+        tx.update(&existing)?;
+        return Ok(existing.id);
+    }
+
+    let now = tx.now;
+    let job = Job {
+        id: 0,
+        name: cmd.name.clone(),
+        state: initial_state,
+        data: cmd.data.clone(),
+        priority: cmd.priority.unwrap_or_default(),
+        created: now.whole_second(),
+        next_run: cmd.first_run.unwrap_or(now),
+        last_run: None,
+        repeat: cmd
+            .repeat
+            .as_ref()
+            .map(|r| r.text.clone())
+            .unwrap_or_default(),
+        retry_after: cmd
+            .retry_after
+            .as_ref()
+            .map(|r| r.text.clone())
+            .unwrap_or_default(),
+        parent_id: cmd.parent_id.unwrap_or(0),
+        scheduled_run: None,
+        lease: None,
+        attempts: 0,
+        lapses: 0,
+    };
+    tx.insert(&job)
+}
+
+/// Data equality for `unique`, ignoring Bedrock's bookkeeping keys.
+fn same_data(stored: &Data, incoming: &Data) -> bool {
+    let strip = |data: &Data| {
+        let mut data = data.clone();
+        for key in BOOKKEEPING_KEYS {
+            data.remove(key);
+        }
+        data
+    };
+    strip(stored) == strip(incoming)
+}
+
+/// GetJob(s): hands out up to `num_results` due jobs, best first.
+pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobError> {
+    let now = tx.now;
+    let candidates = tx.ready(&cmd.pattern, cmd.priority, cmd.num_results)?;
+    let mut handed = Vec::with_capacity(candidates.len());
+    for snapshot in candidates {
+        let mut job = snapshot.clone();
+        if !job.retry_after.is_empty() && retry_after_count(&job.data) >= MAX_RETRY_AFTER_HANDOUTS {
+            tracing::info!(job_id = job.id, job_name = %job.name, "retryAfter job handed out {MAX_RETRY_AFTER_HANDOUTS} times without a report; marking it FAILED");
+            job.state = JobState::Failed;
+            job.lease = None;
+            tx.update(&job)?;
+            continue;
+        }
+
+        let parent_data = if job.is_child() {
+            Some(tx.get(job.parent_id)?.map(|p| p.data).unwrap_or_default())
+        } else {
+            None
+        };
+        let mut finished_children = Vec::new();
+        let mut cancelled_children = Vec::new();
+        for child in tx.children(job.id)? {
+            match child.state {
+                JobState::Finished => finished_children.push((child.id, child.data)),
+                JobState::Cancelled => cancelled_children.push((child.id, child.data)),
+                _ => {}
+            }
+        }
+
+        let token = new_token();
+        job.last_run = Some(now.whole_second());
+        job.scheduled_run = Some(snapshot.next_run);
+        job.attempts += 1;
+        if job.retry_after.is_empty() {
+            job.state = JobState::Running;
+            job.lease = Some(match cmd.lease {
+                LeaseTerm::UntilReported => Lease {
+                    token: token.clone(),
+                    expires: None,
+                    term_ms: None,
+                },
+                LeaseTerm::Millis(ms) => Lease {
+                    token: token.clone(),
+                    expires: Some(now.plus_millis(ms)),
+                    term_ms: Some(ms),
+                },
+            });
+        } else {
+            let retry_at = RetryAfter::parse(&job.retry_after)
+                .ok()
+                .and_then(|ra| calendar::apply(now, &ra.modifiers))
+                .unwrap_or(now.plus_millis(3_600_000));
+            let repeat_at = repeat_time(&job, &job.repeat, snapshot.next_run, now);
+            let next = repeat_at.map_or(retry_at, |r| r.min(retry_at));
+            job.state = JobState::Runqueued;
+            job.next_run = next;
+            job.data.insert(
+                RETRY_AFTER_COUNT.into(),
+                json!(retry_after_count(&job.data) + 1),
+            );
+            let term = (next.0 - now.0).max(1000);
+            job.lease = Some(Lease {
+                token: token.clone(),
+                expires: Some(next),
+                term_ms: Some(term),
+            });
+        }
+        tx.update(&job)?;
+        let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
+        handed.push(HandOut {
+            job: snapshot,
+            parent_data,
+            finished_children,
+            cancelled_children,
+            lease_token: token,
+            lease_expires,
+            attempt: job.attempts,
+        });
+    }
+    Ok(handed)
+}
+
+fn retry_after_count(data: &Data) -> i64 {
+    match data.get(RETRY_AFTER_COUNT) {
+        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
+        Some(Value::String(s)) => s.parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Puts back jobs whose hand-out could not be delivered (the client went
+/// away), exactly as they were, provided nobody reported on them since. The
+/// hand-out does not count.
+pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usize, JobError> {
+    let mut returned = 0;
+    for handout in handouts {
+        let Some(current) = tx.get(handout.job.id)? else {
+            continue;
+        };
+        let still_ours = current
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.token == handout.lease_token);
+        if still_ours {
+            tx.update(&handout.job)?;
+            returned += 1;
+        }
+    }
+    Ok(returned)
+}
+
+/// Refuses a report whose token is not the job's current lease.
+fn check_lease(job: &Job, token: Option<&str>) -> Result<(), JobError> {
+    match token {
+        Some(token) if job.lease.as_ref().is_none_or(|l| l.token != token) => {
+            Err(JobError::LeaseLost(job.id))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The next run from a repeat description, or `None` when it does not
+/// repeat or SQLite finds no such time.
+fn repeat_time(job: &Job, repeat: &str, scheduled: Timestamp, now: Timestamp) -> Option<Timestamp> {
+    if repeat.is_empty() {
+        return None;
+    }
+    let parsed = match Repeat::parse(repeat) {
+        Ok(parsed) => parsed,
+        Err(_) => {
+            tracing::warn!(
+                job_id = job.id,
+                repeat,
+                "stored repeat does not parse; not repeating"
+            );
+            return None;
+        }
+    };
+    let next = calendar::next_run(&parsed, scheduled, job.last_run, now);
+    if next.is_none() {
+        tracing::warn!(
+            job_id = job.id,
+            repeat,
+            "repeat gives no valid time; not repeating"
+        );
+    }
+    next
+}
+
+/// The report a worker makes on a held job.
+pub enum Report<'a> {
+    /// FinishJob.
+    Finish(&'a FinishJob),
+    /// RetryJob.
+    Retry(&'a RetryJob),
+}
+
+/// FinishJob and RetryJob, which Bedrock implements as one command.
+pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobError> {
+    let now = tx.now;
+    let (id, data, lease) = match &report {
+        Report::Finish(f) => (f.id, &f.data, f.lease.as_deref()),
+        Report::Retry(r) => (r.id, &r.data, r.lease.as_deref()),
+    };
+    let mut job = tx.existing(id)?;
+    check_lease(&job, lease)?;
+    if !job.state.is_held() {
+        return Err(JobError::NotHeldForFinish);
+    }
+    if job.is_child() {
+        let parent_state = tx.get(job.parent_id)?.map(|p| p.state);
+        if parent_state != Some(JobState::Paused) {
+            return Err(JobError::ParentNotPaused);
+        }
+    }
+
+    // Children that ended were reported to this run; they go now. Children
+    // still PAUSED were created by this run and will be released below.
+    let children = tx.children(id)?;
+    for child in &children {
+        if matches!(child.state, JobState::Finished | JobState::Cancelled) {
+            tx.delete(child.id)?;
+        }
+    }
+
+    let mut repeat = job.repeat.clone();
+    if let Some(data) = data {
+        if matches!(data.get("delete"), Some(Value::Bool(true)))
+            || data.get("delete") == Some(&json!("true"))
+        {
+            repeat.clear();
+        }
+        job.data = data.clone();
+    }
+    job.data.remove(RETRY_AFTER_COUNT);
+
+    let pending_children: Vec<&Job> = children
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.state,
+                JobState::Queued | JobState::Runqueued | JobState::Running | JobState::Paused
+            )
+        })
+        .collect();
+    if matches!(report, Report::Finish(_)) && !pending_children.is_empty() {
+        job.state = JobState::Paused;
+        job.next_run = job.last_run.unwrap_or(now);
+        job.lease = None;
+        tx.update(&job)?;
+        for child in pending_children {
+            if child.state == JobState::Paused {
+                let mut child = child.clone();
+                child.state = JobState::Queued;
+                tx.update(&child)?;
+            }
+        }
+        return Ok(());
+    }
+
+    let mut ignore_repeat = false;
+    if let Report::Retry(retry) = &report {
+        if let Some(name) = &retry.name {
+            check_name(name)?;
+            job.name = name.clone();
+        }
+        if let Some(priority) = retry.priority {
+            job.priority = priority;
+        }
+        ignore_repeat = retry.ignore_repeat;
+    }
+
+    let scheduled_base = Repeat::parse(&repeat).is_ok_and(|r| r.base == RepeatBase::Scheduled);
+    let scheduled = if !job.retry_after.is_empty() && scheduled_base {
+        job.scheduled_run.unwrap_or(job.next_run)
+    } else {
+        job.next_run
+    };
+    let next = if !repeat.is_empty() && !ignore_repeat {
+        repeat_time(&job, &repeat, scheduled, now)
+    } else {
+        None
+    };
+    let next = match (&report, next) {
+        (_, Some(next)) => Some(next),
+        (Report::Retry(retry), None) => Some(match retry.next_run {
+            Some(at) => at,
+            None if retry.delay_secs < 0 => return Err(JobError::NegativeDelay),
+            None => now
+                .whole_second()
+                .plus_millis(retry.delay_secs.saturating_mul(1000)),
+        }),
+        (Report::Finish(_), None) => None,
+    };
+
+    job.lease = None;
+    if let Some(next) = next {
+        job.state = JobState::Queued;
+        job.next_run = next;
+        return tx.update(&job);
+    }
+
+    if job.is_child() {
+        job.state = JobState::Finished;
+        tx.update(&job)?;
+        resume_parent_if_done(
+            tx,
+            job.parent_id,
+            &[
+                JobState::Queued,
+                JobState::Runqueued,
+                JobState::Running,
+                JobState::Paused,
+            ],
+        )?;
+        return Ok(());
+    }
+    if tx.children(id)?.iter().next().is_some() {
+        return Err(JobError::OutstandingChildren);
+    }
+    tx.delete(id)
+}
+
+/// Queues a paused parent once none of its children is in `pending` states.
+fn resume_parent_if_done(
+    tx: &mut Tracked,
+    parent_id: JobId,
+    pending: &[JobState],
+) -> Result<(), JobError> {
+    let still_pending = tx
+        .children(parent_id)?
+        .iter()
+        .any(|c| pending.contains(&c.state));
+    if still_pending {
+        return Ok(());
+    }
+    if let Some(mut parent) = tx.get(parent_id)?
+        && parent.state == JobState::Paused
+    {
+        parent.state = JobState::Queued;
+        tx.update(&parent)?;
+    }
+    Ok(())
+}
+
+/// FailJob.
+pub fn fail(tx: &mut Tracked, cmd: &FailJob) -> Result<(), JobError> {
+    let mut job = tx.existing(cmd.id)?;
+    check_lease(&job, cmd.lease.as_deref())?;
+    if !job.state.is_held() {
+        return Err(JobError::NotHeldForFail);
+    }
+    if let Some(data) = &cmd.data {
+        job.data = data.clone();
+    }
+    job.state = JobState::Failed;
+    job.lease = None;
+    tx.update(&job)
+}
+
+/// UpdateJob: new data, and optionally a new repeat, priority or next run.
+pub fn update(tx: &mut Tracked, cmd: &UpdateJob) -> Result<(), JobError> {
+    let now = tx.now;
+    let mut job = tx.existing(cmd.id)?;
+    job.data = cmd.data.clone();
+    if let Some(priority) = cmd.priority {
+        job.priority = priority;
+    }
+    if let Some(next_run) = cmd.next_run {
+        job.next_run = next_run;
+    } else if let Some(repeat) = &cmd.repeat
+        && let Some(next) = calendar::next_run(repeat, job.next_run, job.last_run, now)
+    {
+        job.next_run = next;
+    }
+    if cmd.clear_repeat {
+        job.repeat.clear();
+    } else if let Some(repeat) = &cmd.repeat {
+        job.repeat = repeat.text.clone();
+    }
+    tx.update(&job)
+}
+
+/// DeleteJob. Children that ended go with their parent.
+pub fn delete(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
+    let job = tx.existing(id)?;
+    match job.state {
+        JobState::Running => return Err(JobError::DeleteRunning),
+        JobState::Paused => return Err(JobError::DeletePaused),
+        _ => {}
+    }
+    for child in tx.children(id)? {
+        tx.delete(child.id)?;
+    }
+    tx.delete(id)
+}
+
+/// CancelJob: a child that has not run (or failed) is cancelled; when no
+/// sibling is left to run, the parent is queued again.
+pub fn cancel(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
+    let mut job = tx.existing(id)?;
+    if !tx.children(id)?.is_empty() {
+        return Err(JobError::CancelParent);
+    }
+    if !job.is_child() {
+        return Err(JobError::CancelOrphan);
+    }
+    if matches!(
+        job.state,
+        JobState::Finished | JobState::Running | JobState::Paused
+    ) {
+        tracing::info!(job_id = id, state = %job.state, "CancelJob on a job that cannot be cancelled in its state; nothing to do");
+        return Ok(());
+    }
+    job.state = JobState::Cancelled;
+    job.lease = None;
+    tx.update(&job)?;
+    resume_parent_if_done(
+        tx,
+        job.parent_id,
+        &[JobState::Queued, JobState::Runqueued, JobState::Running],
+    )
+}
+
+/// RequeueJobs: the jobs go back to QUEUED, due at their creation time.
+pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
+    if let Some(name) = &cmd.name {
+        check_name(name)?;
+    }
+    let mut requeued = 0;
+    for &id in &cmd.ids {
+        let Some(mut job) = tx.get(id)? else { continue };
+        job.state = JobState::Queued;
+        job.next_run = job.created;
+        job.lease = None;
+        if let Some(name) = &cmd.name {
+            job.name = name.clone();
+        }
+        tx.update(&job)?;
+        requeued += 1;
+    }
+    Ok(requeued)
+}
+
+/// Renews the lease of a held job; returns when it now lapses (`None` for a
+/// lease held until reported).
+pub fn heartbeat(
+    tx: &mut Tracked,
+    id: JobId,
+    token: &str,
+    default_term_ms: i64,
+) -> Result<Option<Timestamp>, JobError> {
+    let now = tx.now;
+    let mut job = tx.existing(id)?;
+    let lease = match &job.lease {
+        Some(lease) if lease.token == token && job.state.is_held() => lease.clone(),
+        _ => return Err(JobError::LeaseLost(id)),
+    };
+    if lease.expires.is_none() {
+        return Ok(None);
+    }
+    let term = lease.term_ms.unwrap_or(default_term_ms);
+    let expires = now.plus_millis(term);
+    if job.state == JobState::Runqueued {
+        job.next_run = expires;
+    }
+    job.lease = Some(Lease {
+        expires: Some(expires),
+        ..lease
+    });
+    tx.update(&job)?;
+    Ok(Some(expires))
+}
+
+/// Puts back running jobs whose lease lapsed; a job that lapsed
+/// `max_lapses` times is FAILED instead. Returns the ids put back and failed.
+pub fn expire_leases(
+    tx: &mut Tracked,
+    max_lapses: i64,
+) -> Result<(Vec<JobId>, Vec<JobId>), JobError> {
+    let now = tx.now;
+    let expired = tx.store().expired_leases(now, 1000)?;
+    let (mut requeued, mut failed) = (Vec::new(), Vec::new());
+    for mut job in expired {
+        job.lapses += 1;
+        job.lease = None;
+        if job.lapses >= max_lapses {
+            job.state = JobState::Failed;
+            tracing::warn!(job_id = job.id, job_name = %job.name, lapses = job.lapses, "lease lapsed too many times; job FAILED");
+            failed.push(job.id);
+        } else {
+            job.state = JobState::Queued;
+            job.next_run = now;
+            tracing::warn!(job_id = job.id, job_name = %job.name, lapses = job.lapses, "lease lapsed; job queued again");
+            requeued.push(job.id);
+        }
+        tx.update(&job)?;
+    }
+    Ok((requeued, failed))
+}

@@ -1,0 +1,95 @@
+//! The queue's one timer task. It sleeps until the earliest moment a job
+//! becomes due or a lease lapses (as the store and later commits report it),
+//! then lapses expired leases and wakes the waiters for the jobs that became
+//! due since it last looked. It never polls: with nothing scheduled it sleeps
+//! until a commit schedules something.
+
+use std::time::Duration;
+
+use super::{Queue, rules};
+use crate::protocol::Timestamp;
+
+/// The most jobs named in one wake-up; past it, every waiter is woken.
+const MAX_NAMED: usize = 4096;
+
+/// Runs until the queue shuts down.
+pub(super) async fn run(queue: Queue) {
+    let inner = &queue.inner;
+    let mut last = queue.now();
+    let mut next = match tick(&queue, last).await {
+        Ok((upto, next)) => {
+            last = upto;
+            next
+        }
+        Err(()) => Some(queue.now().plus_millis(1000)),
+    };
+    loop {
+        {
+            let mut state = inner.timer.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pending) = state.pending.take() {
+                next = Some(next.map_or(pending, |n| n.min(pending)));
+            }
+            state.armed = next;
+        }
+        let now = queue.now();
+        if next.is_some_and(|at| at <= now) {
+            match tick(&queue, last).await {
+                Ok((upto, following)) => {
+                    last = upto;
+                    next = following;
+                }
+                Err(()) => next = Some(queue.now().plus_millis(1000)),
+            }
+            continue;
+        }
+        let sleep = async {
+            match next {
+                // One extra millisecond: the timer wheel may round down.
+                Some(at) => {
+                    tokio::time::sleep(Duration::from_millis((at.0 - now.0) as u64 + 1)).await
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => break,
+            _ = inner.timer.notify.notified() => {}
+            _ = sleep => {}
+        }
+    }
+    tracing::debug!("queue scheduler stopped");
+}
+
+/// Lapses expired leases, wakes waiters for jobs due in `(last, now]`, and
+/// finds the next moment to wake. Returns `now` and that moment.
+async fn tick(queue: &Queue, last: Timestamp) -> Result<(Timestamp, Option<Timestamp>), ()> {
+    let max_lapses = queue.inner.config.max_lapses;
+    let anyone_waiting = !queue.inner.waiters.is_empty();
+    let outcome = queue
+        .write(move |tx| {
+            rules::expire_leases(tx, max_lapses)?;
+            let now = tx.now;
+            let due = if anyone_waiting {
+                tx.store().due_between(last, now, MAX_NAMED + 1)?
+            } else {
+                Vec::new()
+            };
+            let next = tx.store().next_wakeup(now)?;
+            Ok((now, due, next))
+        })
+        .await;
+    match outcome {
+        Ok((now, due, next)) => {
+            if due.len() > MAX_NAMED {
+                queue.inner.waiters.wake_all();
+            } else {
+                queue.inner.waiters.wake(&due);
+            }
+            Ok((now, next))
+        }
+        Err(error) => {
+            tracing::error!(%error, "queue timer could not read the store; trying again in a second");
+            Err(())
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! A store transaction that remembers which jobs it made ready or scheduled,
+//! so that the queue can wake waiters and set its timer once the transaction
+//! is committed, without any rule having to remember to.
+
+use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
+use crate::server::store::StoreTx;
+
+/// What a committed transaction means for waiters and the timer.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Jobs written in QUEUED or RUNQUEUED: name, priority and `nextRun`.
+    pub ready: Vec<(String, Priority, Timestamp)>,
+    /// The earliest lease expiry written.
+    pub lease_expiry: Option<Timestamp>,
+}
+
+/// A transaction plus the time the operation runs at, recording [`Changes`].
+pub struct Tracked<'a> {
+    store: &'a mut dyn StoreTx,
+    /// The time the operation runs at.
+    pub now: Timestamp,
+    changes: Changes,
+}
+
+impl<'a> Tracked<'a> {
+    /// Wraps a store transaction.
+    pub fn new(store: &'a mut dyn StoreTx, now: Timestamp) -> Self {
+        Tracked {
+            store,
+            now,
+            changes: Changes::default(),
+        }
+    }
+
+    /// The changes recorded so far.
+    pub fn into_changes(self) -> Changes {
+        self.changes
+    }
+
+    fn note(&mut self, job: &Job) {
+        if job.state.is_ready_state() {
+            self.changes
+                .ready
+                .push((job.name.clone(), job.priority, job.next_run));
+        }
+        if job.state == JobState::Running
+            && let Some(expires) = job.lease.as_ref().and_then(|l| l.expires)
+        {
+            let earliest = self
+                .changes
+                .lease_expiry
+                .map_or(expires, |e| e.min(expires));
+            self.changes.lease_expiry = Some(earliest);
+        }
+    }
+
+    /// Inserts a job.
+    pub fn insert(&mut self, job: &Job) -> Result<JobId, JobError> {
+        let id = self.store.insert(job)?;
+        self.note(job);
+        Ok(id)
+    }
+
+    /// Writes a job.
+    pub fn update(&mut self, job: &Job) -> Result<(), JobError> {
+        self.store.update(job)?;
+        self.note(job);
+        Ok(())
+    }
+
+    /// Reads a job.
+    pub fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
+        self.store.get(id)
+    }
+
+    /// Reads a job that must exist.
+    pub fn existing(&mut self, id: JobId) -> Result<Job, JobError> {
+        self.store.get(id)?.ok_or(JobError::NoSuchJob)
+    }
+
+    /// Removes a job.
+    pub fn delete(&mut self, id: JobId) -> Result<(), JobError> {
+        self.store.delete(id)
+    }
+
+    /// The oldest job with this exact name.
+    pub fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError> {
+        self.store.find_by_name(name)
+    }
+
+    /// Jobs that may be handed out now.
+    pub fn ready(
+        &mut self,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobError> {
+        let now = self.now;
+        self.store.ready(pattern, priority, now, limit)
+    }
+
+    /// Every child of a job.
+    pub fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError> {
+        self.store.children(parent)
+    }
+
+    /// The underlying transaction, for reads the queue makes directly.
+    pub fn store(&mut self) -> &mut dyn StoreTx {
+        self.store
+    }
+}

@@ -1,0 +1,245 @@
+//! Held GetJob requests. A waiter registers what it wants, then sleeps on its
+//! own `Notify` until a job it could take becomes due. Jobs are assigned to
+//! waiters first come, first served, so one new job wakes one waiter, not
+//! all of them. An idle waiter costs a list entry and nothing else.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::protocol::{NamePattern, Priority};
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    pattern: Arc<NamePattern>,
+    priority: Option<Priority>,
+    want: usize,
+    notify: Arc<Notify>,
+    /// Names this waiter was woken for, to pass on if it leaves unserved.
+    woken_for: Arc<Mutex<Option<Vec<(String, Priority)>>>>,
+}
+
+#[derive(Debug, Default)]
+struct List {
+    next_id: u64,
+    entries: Vec<Entry>,
+}
+
+/// The held GetJob requests of one queue.
+#[derive(Debug, Default, Clone)]
+pub struct Waiters {
+    list: Arc<Mutex<List>>,
+}
+
+impl Waiters {
+    /// Registers a waiter for up to `want` jobs matching `pattern` (and
+    /// `priority`, when given). Register before looking for jobs, so that a
+    /// job made due in between is not missed.
+    pub fn register(
+        &self,
+        pattern: Arc<NamePattern>,
+        priority: Option<Priority>,
+        want: usize,
+    ) -> Ticket {
+        let notify = Arc::new(Notify::new());
+        let woken_for = Arc::new(Mutex::new(None));
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        list.next_id += 1;
+        let id = list.next_id;
+        list.entries.push(Entry {
+            id,
+            pattern,
+            priority,
+            want: want.max(1),
+            notify: Arc::clone(&notify),
+            woken_for: Arc::clone(&woken_for),
+        });
+        Ticket {
+            id,
+            waiters: self.clone(),
+            notify,
+            woken_for,
+            armed: true,
+        }
+    }
+
+    /// How many requests are waiting.
+    pub fn len(&self) -> usize {
+        self.list
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .len()
+    }
+
+    /// Whether no request is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Wakes waiters for jobs that just became due: each job goes to the
+    /// oldest matching waiter that still has room. Woken waiters leave the
+    /// list; they register again if they find nothing.
+    pub fn wake(&self, jobs: &[(String, Priority)]) {
+        if jobs.is_empty() {
+            return;
+        }
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut assigned: Vec<(usize, Vec<(String, Priority)>)> = Vec::new();
+        for (name, priority) in jobs {
+            let found = list.entries.iter().enumerate().find(|(index, entry)| {
+                let room = assigned
+                    .iter()
+                    .find(|(i, _)| i == index)
+                    .map_or(entry.want, |(_, got)| entry.want - got.len());
+                room > 0
+                    && entry.priority.is_none_or(|p| p == *priority)
+                    && entry.pattern.matches(name)
+            });
+            if let Some((index, _)) = found {
+                match assigned.iter_mut().find(|(i, _)| *i == index) {
+                    Some((_, got)) => got.push((name.clone(), *priority)),
+                    None => assigned.push((index, vec![(name.clone(), *priority)])),
+                }
+            }
+        }
+        assigned.sort_by(|a, b| b.0.cmp(&a.0));
+        for (index, names) in assigned {
+            let entry = list.entries.remove(index);
+            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
+            entry.notify.notify_one();
+        }
+    }
+
+    /// Wakes every waiter (at shutdown, or when too many jobs became due at
+    /// once to name them).
+    pub fn wake_all(&self) {
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        for entry in list.entries.drain(..) {
+            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+            entry.notify.notify_one();
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        list.entries.retain(|entry| entry.id != id);
+    }
+}
+
+/// One registration. Dropping it unregisters; if it had been woken and was
+/// dropped before acting on it (its client went away), the wake-up passes to
+/// the next waiter, so no job is left sitting while others wait.
+#[derive(Debug)]
+pub struct Ticket {
+    id: u64,
+    waiters: Waiters,
+    notify: Arc<Notify>,
+    woken_for: Arc<Mutex<Option<Vec<(String, Priority)>>>>,
+    armed: bool,
+}
+
+impl Ticket {
+    /// Resolves when a job this waiter could take became due.
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+
+    /// Ends the registration without passing anything on: the holder is
+    /// about to look for jobs itself.
+    pub fn disarm(mut self) {
+        self.armed = false;
+        self.waiters.remove(self.id);
+    }
+
+    /// Whether this waiter was woken for some job.
+    pub fn was_woken(&self) -> bool {
+        self.woken_for
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.waiters.remove(self.id);
+        let woken_for = self
+            .woken_for
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(names) = woken_for {
+            self.waiters.wake(&names);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn glob(p: &str) -> Arc<NamePattern> {
+        Arc::new(NamePattern::Glob(p.into()))
+    }
+
+    async fn woken(ticket: &Ticket) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), ticket.notified())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn one_job_wakes_one_matching_waiter_in_order() {
+        let waiters = Waiters::default();
+        let other = waiters.register(glob("Other*"), None, 1);
+        let first = waiters.register(glob("*"), None, 1);
+        let second = waiters.register(glob("*"), None, 1);
+        waiters.wake(&[("SendEmail".into(), Priority::DEFAULT)]);
+        assert!(!woken(&other).await);
+        assert!(woken(&first).await);
+        assert!(!woken(&second).await);
+        assert_eq!(waiters.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_woken_waiter_passes_the_job_on() {
+        let waiters = Waiters::default();
+        let first = waiters.register(glob("*"), None, 1);
+        let second = waiters.register(glob("*"), None, 1);
+        waiters.wake(&[("SendEmail".into(), Priority::DEFAULT)]);
+        drop(first);
+        assert!(woken(&second).await);
+    }
+
+    #[tokio::test]
+    async fn priority_filters_are_respected() {
+        let waiters = Waiters::default();
+        let high = waiters.register(glob("*"), Some(Priority::new(1000).unwrap()), 1);
+        waiters.wake(&[("a".into(), Priority::DEFAULT)]);
+        assert!(!woken(&high).await);
+        waiters.wake(&[("a".into(), Priority::new(1000).unwrap())]);
+        assert!(woken(&high).await);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_wanting_several_takes_several() {
+        let waiters = Waiters::default();
+        let many = waiters.register(glob("*"), None, 3);
+        let next = waiters.register(glob("*"), None, 1);
+        let jobs: Vec<_> = (0..3)
+            .map(|i| (format!("j{i}"), Priority::DEFAULT))
+            .collect();
+        waiters.wake(&jobs);
+        assert!(woken(&many).await);
+        assert!(!woken(&next).await);
+        many.disarm();
+        next.disarm();
+        assert!(waiters.is_empty());
+    }
+}

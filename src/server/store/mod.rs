@@ -1,0 +1,145 @@
+//! Persistence of jobs behind a trait, so that the queue's rules are written
+//! once and a PostgreSQL store can follow the SQLite one.
+//!
+//! A [`Store`] runs operations against a [`StoreTx`]: a write operation runs
+//! inside one transaction, and its answer is released only after that
+//! transaction is durably committed. An operation that returns an error
+//! leaves nothing behind.
+
+mod schema;
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+/// The error of opening the SQLite store.
+pub mod sqlite_error {
+    pub use super::sqlite::StoreOpenError;
+}
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::sync::oneshot;
+
+use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
+
+/// A job to insert; the store assigns the id.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Everything but the id, which is ignored.
+    pub job: Job,
+}
+
+/// Which jobs a listing wants.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// Only names matching this.
+    pub pattern: Option<NamePattern>,
+    /// Only this state.
+    pub state: Option<JobState>,
+    /// Only ids greater than this (for paging).
+    pub after_id: Option<JobId>,
+    /// At most this many.
+    pub limit: usize,
+}
+
+/// Row-level access to stored jobs inside one transaction.
+pub trait StoreTx {
+    /// Inserts a job and returns its new id.
+    fn insert(&mut self, job: &Job) -> Result<JobId, JobError>;
+    /// The job with this id.
+    fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError>;
+    /// Writes every field of an existing job.
+    fn update(&mut self, job: &Job) -> Result<(), JobError>;
+    /// Removes a job.
+    fn delete(&mut self, id: JobId) -> Result<(), JobError>;
+    /// The oldest job with exactly this name.
+    fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError>;
+    /// Up to `limit` jobs that may be handed out at `now`, best first:
+    /// priority descending, then `nextRun` ascending.
+    fn ready(
+        &mut self,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobError>;
+    /// Every child of a job.
+    fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError>;
+    /// Up to `limit` running jobs whose lease expired at or before `now`.
+    fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError>;
+    /// Names and priorities of up to `limit` jobs that became due in
+    /// `(after, upto]`.
+    fn due_between(
+        &mut self,
+        after: Timestamp,
+        upto: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<(String, Priority)>, JobError>;
+    /// The earliest moment after `now` at which a job becomes due, or any
+    /// running job's lease lapses (which may be already past).
+    fn next_wakeup(&mut self, now: Timestamp) -> Result<Option<Timestamp>, JobError>;
+    /// Jobs in id order.
+    fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError>;
+    /// How many jobs are in each state.
+    fn count_by_state(&mut self) -> Result<Vec<(JobState, u64)>, JobError>;
+}
+
+/// Called once a write operation's transaction has ended: with `None` when it
+/// committed, or the error that stopped the commit.
+pub type Reply = Box<dyn FnOnce(Option<JobError>) + Send>;
+
+/// A write operation: runs in the transaction and says whether its changes
+/// are kept, with the reply to send once the outcome is durable.
+pub type WriteOp = Box<dyn FnOnce(&mut dyn StoreTx) -> (bool, Reply) + Send>;
+
+/// A read operation, run against a consistent snapshot.
+pub type ReadOp = Box<dyn FnOnce(&mut dyn StoreTx) + Send>;
+
+/// A durable home for jobs.
+pub trait Store: Send + Sync {
+    /// Queues a write operation. Its reply is called after the commit.
+    fn submit(&self, op: WriteOp);
+    /// Runs a read operation off the async runtime.
+    fn submit_read(&self, op: ReadOp);
+}
+
+/// A boxed future, for the helpers below.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl dyn Store {
+    /// Runs `op` in a write transaction; resolves once the outcome is
+    /// durable. An `Err` from `op` rolls back everything it did.
+    pub async fn write<R, F>(&self, op: F) -> Result<R, JobError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn StoreTx) -> Result<R, JobError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Box::new(move |store: &mut dyn StoreTx| {
+            let result = op(store);
+            let keep = result.is_ok();
+            let reply: Reply = Box::new(move |commit_error| {
+                let _ = tx.send(match commit_error {
+                    None => result,
+                    Some(error) => Err(error),
+                });
+            });
+            (keep, reply)
+        }));
+        rx.await.unwrap_or(Err(JobError::ShuttingDown))
+    }
+
+    /// Runs `op` against a read snapshot.
+    pub async fn read<R, F>(&self, op: F) -> Result<R, JobError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn StoreTx) -> Result<R, JobError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.submit_read(Box::new(move |store: &mut dyn StoreTx| {
+            let _ = tx.send(op(store));
+        }));
+        rx.await.unwrap_or(Err(JobError::ShuttingDown))
+    }
+}

@@ -1,0 +1,58 @@
+//! The SQLite schema and its migrations. `PRAGMA user_version` records how
+//! many migrations a database has had; each release only appends.
+
+use rusqlite::Connection;
+
+use super::sqlite::StoreOpenError;
+
+/// Each entry upgrades the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first release.
+    "CREATE TABLE jobs (
+        job_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        name          TEXT    NOT NULL,
+        state         TEXT    NOT NULL,
+        data          TEXT    NOT NULL,
+        priority      INTEGER NOT NULL,
+        created       INTEGER NOT NULL,
+        next_run      INTEGER NOT NULL,
+        last_run      INTEGER,
+        repeat        TEXT    NOT NULL DEFAULT '',
+        retry_after   TEXT    NOT NULL DEFAULT '',
+        parent_id     INTEGER NOT NULL DEFAULT 0,
+        scheduled_run INTEGER,
+        lease_token   TEXT,
+        lease_expires INTEGER,
+        lease_term_ms INTEGER,
+        attempts      INTEGER NOT NULL DEFAULT 0,
+        lapses        INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_ready  ON jobs (priority, next_run) WHERE state IN ('QUEUED', 'RUNQUEUED');
+    CREATE INDEX jobs_due    ON jobs (next_run)           WHERE state IN ('QUEUED', 'RUNQUEUED');
+    CREATE INDEX jobs_name   ON jobs (name);
+    CREATE INDEX jobs_parent ON jobs (parent_id, state)   WHERE parent_id != 0;
+    CREATE INDEX jobs_lease  ON jobs (lease_expires)      WHERE state = 'RUNNING' AND lease_expires IS NOT NULL;",
+];
+
+/// The schema version this build writes.
+pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the database up to [`CURRENT_VERSION`], one transaction per
+/// migration. Refuses a database written by a newer jobmgr.
+pub fn migrate(conn: &mut Connection) -> Result<(), StoreOpenError> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    if version > CURRENT_VERSION {
+        return Err(StoreOpenError::TooNew {
+            found: version,
+            supported: CURRENT_VERSION,
+        });
+    }
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.execute_batch(&format!("PRAGMA user_version = {}", index + 1))?;
+        tx.commit()?;
+        tracing::info!(version = index + 1, "migrated job store schema");
+    }
+    Ok(())
+}

@@ -1,0 +1,635 @@
+//! The SQLite store: one file in WAL mode with `synchronous=FULL`, one writer
+//! thread that commits operations in groups (each in its own savepoint), and a
+//! small pool of read-only connections.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use thiserror::Error;
+
+use super::{ListQuery, ReadOp, Reply, Store, StoreTx, WriteOp};
+use crate::protocol::{
+    Data, Job, JobError, JobId, JobState, Lease, NamePattern, Priority, Timestamp,
+};
+
+/// The most write operations committed together.
+const MAX_GROUP: usize = 512;
+
+/// The most read-only connections kept open.
+const MAX_READERS: usize = 4;
+
+/// Why the store could not be opened.
+#[derive(Debug, Error)]
+pub enum StoreOpenError {
+    /// SQLite refused.
+    #[error("job store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The directory for the file could not be made.
+    #[error(
+        "cannot create the directory for the job store {path}: {source}; create it or pass another --db"
+    )]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file was written by a newer jobmgr.
+    #[error(
+        "the job store's schema is version {found}, newer than this jobmgr supports ({supported}); upgrade jobmgr or use another --db"
+    )]
+    TooNew {
+        /// The file's version.
+        found: i64,
+        /// This build's version.
+        supported: i64,
+    },
+}
+
+/// Jobs in one SQLite file.
+pub struct SqliteStore {
+    path: PathBuf,
+    writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path`, migrating its schema,
+    /// and starts its writer thread.
+    pub fn open(path: &Path) -> Result<Self, StoreOpenError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreOpenError::Directory {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(mode, "the job store could not switch to WAL mode");
+        }
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
+        super::schema::migrate(&mut conn)?;
+
+        let (sender, receiver) = mpsc::channel::<WriteOp>();
+        let thread = std::thread::Builder::new()
+            .name("jobmgr-store".into())
+            .spawn(move || write_loop(conn, receiver))
+            .map_err(|e| {
+                StoreOpenError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+            })?;
+        Ok(SqliteStore {
+            path: path.to_path_buf(),
+            writer: Mutex::new(Some(sender)),
+            writer_thread: Mutex::new(Some(thread)),
+            readers: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops taking writes, lets the writer finish what it has, and waits
+    /// for it. Later writes answer `ShuttingDown`.
+    pub fn close(&self) {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = self
+            .writer_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Store for SqliteStore {
+    fn submit(&self, op: WriteOp) {
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        match writer.as_ref() {
+            Some(sender) => {
+                if let Err(mpsc::SendError(op)) = sender.send(op) {
+                    refuse(op, JobError::ShuttingDown);
+                }
+            }
+            None => refuse(op, JobError::ShuttingDown),
+        }
+    }
+
+    fn submit_read(&self, op: ReadOp) {
+        let readers = Arc::clone(&self.readers);
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let conn = match conn {
+                Some(conn) => conn,
+                None => match open_reader(&path) {
+                    Ok(conn) => conn,
+                    Err(error) => {
+                        op(&mut FailingTx(JobError::Store(error.to_string())));
+                        return;
+                    }
+                },
+            };
+            if let Err(error) = conn.execute_batch("BEGIN") {
+                op(&mut FailingTx(store_error(error)));
+                return;
+            }
+            let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut SqliteTx { conn: &conn })));
+            let _ = conn.execute_batch("COMMIT");
+            if outcome.is_err() {
+                tracing::error!("a read operation panicked; its connection is dropped");
+                return;
+            }
+            let mut pool = readers.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < MAX_READERS {
+                pool.push(conn);
+            }
+        });
+    }
+}
+
+fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    Ok(conn)
+}
+
+/// Answers an operation that cannot run.
+fn refuse(op: WriteOp, error: JobError) {
+    let (_, reply) = op(&mut FailingTx(error.clone()));
+    reply(Some(error));
+}
+
+/// The writer thread: takes every queued operation (up to [`MAX_GROUP`]),
+/// runs each in a savepoint of one transaction, commits once, then answers
+/// them all. Answers wait for the commit, so an acknowledged write is durable.
+fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>) {
+    while let Ok(first) = receiver.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match receiver.try_recv() {
+                Ok(op) => group.push(op),
+                Err(_) => break,
+            }
+        }
+        run_group(&conn, group);
+    }
+    tracing::debug!("job store writer stopped");
+}
+
+fn run_group(conn: &Connection, group: Vec<WriteOp>) {
+    if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let error = store_error(error);
+        for op in group {
+            refuse(op, error.clone());
+        }
+        return;
+    }
+    let mut replies: Vec<Reply> = Vec::with_capacity(group.len());
+    for op in group {
+        if let Err(error) = conn.execute_batch("SAVEPOINT op") {
+            refuse(op, store_error(error));
+            continue;
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut SqliteTx { conn })));
+        let keep = matches!(outcome, Ok((true, _)));
+        let ended = if keep {
+            conn.execute_batch("RELEASE op")
+        } else {
+            conn.execute_batch("ROLLBACK TO op; RELEASE op")
+        };
+        if let Err(error) = ended {
+            tracing::error!(%error, "could not end a savepoint");
+        }
+        match outcome {
+            Ok((_, reply)) => replies.push(reply),
+            Err(_) => tracing::error!("a write operation panicked; its changes were rolled back"),
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => replies.into_iter().for_each(|reply| reply(None)),
+        Err(error) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            let error = store_error(error);
+            tracing::error!(%error, "commit failed; the group's changes were rolled back");
+            replies
+                .into_iter()
+                .for_each(|reply| reply(Some(error.clone())));
+        }
+    }
+}
+
+fn store_error(error: rusqlite::Error) -> JobError {
+    JobError::Store(error.to_string())
+}
+
+/// A transaction that refuses everything, for operations that cannot run.
+struct FailingTx(JobError);
+
+impl StoreTx for FailingTx {
+    fn insert(&mut self, _: &Job) -> Result<JobId, JobError> {
+        Err(self.0.clone())
+    }
+    fn get(&mut self, _: JobId) -> Result<Option<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn update(&mut self, _: &Job) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn delete(&mut self, _: JobId) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn find_by_name(&mut self, _: &str) -> Result<Option<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn ready(
+        &mut self,
+        _: &NamePattern,
+        _: Option<Priority>,
+        _: Timestamp,
+        _: usize,
+    ) -> Result<Vec<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn children(&mut self, _: JobId) -> Result<Vec<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn expired_leases(&mut self, _: Timestamp, _: usize) -> Result<Vec<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn due_between(
+        &mut self,
+        _: Timestamp,
+        _: Timestamp,
+        _: usize,
+    ) -> Result<Vec<(String, Priority)>, JobError> {
+        Err(self.0.clone())
+    }
+    fn next_wakeup(&mut self, _: Timestamp) -> Result<Option<Timestamp>, JobError> {
+        Err(self.0.clone())
+    }
+    fn list(&mut self, _: &ListQuery) -> Result<Vec<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn count_by_state(&mut self) -> Result<Vec<(JobState, u64)>, JobError> {
+        Err(self.0.clone())
+    }
+}
+
+/// The columns of a job, in the order [`read_job`] reads them.
+const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, last_run, repeat, \
+     retry_after, parent_id, scheduled_run, lease_token, lease_expires, lease_term_ms, attempts, lapses";
+
+const READY: &str = "state IN ('QUEUED', 'RUNQUEUED')";
+
+struct SqliteTx<'c> {
+    conn: &'c Connection,
+}
+
+impl SqliteTx<'_> {
+    fn query_jobs(&self, sql: &str, params: impl rusqlite::Params) -> Result<Vec<Job>, JobError> {
+        let mut statement = self.conn.prepare_cached(sql).map_err(store_error)?;
+        let rows = statement.query_map(params, read_job).map_err(store_error)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+    }
+}
+
+fn read_job(row: &Row<'_>) -> rusqlite::Result<Job> {
+    let state: String = row.get(2)?;
+    let state = state.parse::<JobState>().map_err(|e| conversion(2, e))?;
+    let data: String = row.get(3)?;
+    let data: Data = serde_json::from_str(&data).map_err(|e| conversion(3, e))?;
+    let priority = Priority::new(row.get(4)?).map_err(|e| conversion(4, e))?;
+    let token: Option<String> = row.get(12)?;
+    Ok(Job {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        state,
+        data,
+        priority,
+        created: Timestamp(row.get(5)?),
+        next_run: Timestamp(row.get(6)?),
+        last_run: row.get::<_, Option<i64>>(7)?.map(Timestamp),
+        repeat: row.get(8)?,
+        retry_after: row.get(9)?,
+        parent_id: row.get(10)?,
+        scheduled_run: row.get::<_, Option<i64>>(11)?.map(Timestamp),
+        lease: token
+            .map(|token| -> rusqlite::Result<Lease> {
+                Ok(Lease {
+                    token,
+                    expires: row.get::<_, Option<i64>>(13)?.map(Timestamp),
+                    term_ms: row.get(14)?,
+                })
+            })
+            .transpose()?,
+        attempts: row.get(15)?,
+        lapses: row.get(16)?,
+    })
+}
+
+fn conversion(column: usize, error: impl std::fmt::Display) -> rusqlite::Error {
+    let error: Box<dyn std::error::Error + Send + Sync> = error.to_string().into();
+    rusqlite::Error::FromSqlConversionFailure(column, rusqlite::types::Type::Text, error)
+}
+
+impl StoreTx for SqliteTx<'_> {
+    fn insert(&mut self, job: &Job) -> Result<JobId, JobError> {
+        let data = serde_json::to_string(&job.data).map_err(|e| JobError::Store(e.to_string()))?;
+        let lease = job.lease.as_ref();
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO jobs (name, state, data, priority, created, next_run, last_run, repeat, \
+                 retry_after, parent_id, scheduled_run, lease_token, lease_expires, lease_term_ms, \
+                 attempts, lapses) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            )
+            .map_err(store_error)?;
+        statement
+            .execute(params![
+                job.name,
+                job.state.as_str(),
+                data,
+                job.priority.value(),
+                job.created.0,
+                job.next_run.0,
+                job.last_run.map(|t| t.0),
+                job.repeat,
+                job.retry_after,
+                job.parent_id,
+                job.scheduled_run.map(|t| t.0),
+                lease.map(|l| l.token.as_str()),
+                lease.and_then(|l| l.expires).map(|t| t.0),
+                lease.and_then(|l| l.term_ms),
+                job.attempts,
+                job.lapses,
+            ])
+            .map_err(store_error)?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM jobs WHERE job_id = ?1"))
+            .map_err(store_error)?;
+        statement
+            .query_row([id], read_job)
+            .optional()
+            .map_err(store_error)
+    }
+
+    fn update(&mut self, job: &Job) -> Result<(), JobError> {
+        let data = serde_json::to_string(&job.data).map_err(|e| JobError::Store(e.to_string()))?;
+        let lease = job.lease.as_ref();
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET name = ?2, state = ?3, data = ?4, priority = ?5, created = ?6, \
+                 next_run = ?7, last_run = ?8, repeat = ?9, retry_after = ?10, parent_id = ?11, \
+                 scheduled_run = ?12, lease_token = ?13, lease_expires = ?14, lease_term_ms = ?15, \
+                 attempts = ?16, lapses = ?17 WHERE job_id = ?1",
+            )
+            .map_err(store_error)?;
+        statement
+            .execute(params![
+                job.id,
+                job.name,
+                job.state.as_str(),
+                data,
+                job.priority.value(),
+                job.created.0,
+                job.next_run.0,
+                job.last_run.map(|t| t.0),
+                job.repeat,
+                job.retry_after,
+                job.parent_id,
+                job.scheduled_run.map(|t| t.0),
+                lease.map(|l| l.token.as_str()),
+                lease.and_then(|l| l.expires).map(|t| t.0),
+                lease.and_then(|l| l.term_ms),
+                job.attempts,
+                job.lapses,
+            ])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn delete(&mut self, id: JobId) -> Result<(), JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached("DELETE FROM jobs WHERE job_id = ?1")
+            .map_err(store_error)?;
+        statement.execute([id]).map_err(store_error)?;
+        Ok(())
+    }
+
+    fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM jobs WHERE name = ?1 ORDER BY job_id LIMIT 1"
+            ))
+            .map_err(store_error)?;
+        statement
+            .query_row([name], read_job)
+            .optional()
+            .map_err(store_error)
+    }
+
+    fn ready(
+        &mut self,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobError> {
+        // One query per priority, each an index range on (priority, next_run),
+        // so that jobs scheduled for later never have to be stepped over.
+        let (name_clause, name_param) = match pattern {
+            NamePattern::Glob(glob) => ("name GLOB ?3", glob.clone()),
+            NamePattern::List(names) => (
+                "name IN (SELECT value FROM json_each(?3))",
+                serde_json::to_string(names).map_err(|e| JobError::Store(e.to_string()))?,
+            ),
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE {READY} AND priority = ?1 AND next_run <= ?2 \
+             AND {name_clause} ORDER BY next_run, job_id LIMIT ?4"
+        );
+        let priorities: Vec<i64> = match priority {
+            Some(p) => vec![p.value()],
+            None => Priority::ALL.to_vec(),
+        };
+        let mut found = Vec::new();
+        for p in priorities {
+            let wanted = limit - found.len();
+            if wanted == 0 {
+                break;
+            }
+            found.extend(self.query_jobs(&sql, params![p, now.0, name_param, wanted as i64])?);
+        }
+        Ok(found)
+    }
+
+    fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError> {
+        self.query_jobs(
+            &format!(
+                "SELECT {COLUMNS} FROM jobs WHERE parent_id != 0 AND parent_id = ?1 ORDER BY job_id"
+            ),
+            [parent],
+        )
+    }
+
+    fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError> {
+        self.query_jobs(
+            &format!(
+                "SELECT {COLUMNS} FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NOT NULL \
+                 AND lease_expires <= ?1 ORDER BY lease_expires LIMIT ?2"
+            ),
+            params![now.0, limit as i64],
+        )
+    }
+
+    fn due_between(
+        &mut self,
+        after: Timestamp,
+        upto: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<(String, Priority)>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT name, priority FROM jobs WHERE {READY} AND next_run > ?1 AND next_run <= ?2 \
+                 ORDER BY next_run LIMIT ?3"
+            ))
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map(params![after.0, upto.0, limit as i64], |row| {
+                let priority = Priority::new(row.get(1)?).map_err(|e| conversion(1, e))?;
+                Ok((row.get::<_, String>(0)?, priority))
+            })
+            .map_err(store_error)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+    }
+
+    fn next_wakeup(&mut self, now: Timestamp) -> Result<Option<Timestamp>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT MIN(t) FROM ( \
+                   SELECT MIN(next_run) AS t FROM jobs WHERE {READY} AND next_run > ?1 \
+                   UNION ALL \
+                   SELECT MIN(lease_expires) FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NOT NULL)"
+            ))
+            .map_err(store_error)?;
+        let next: Option<i64> = statement
+            .query_row([now.0], |row| row.get(0))
+            .map_err(store_error)?;
+        Ok(next.map(Timestamp))
+    }
+
+    fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError> {
+        // Filter by pattern in Rust: a listing is for people, not the hot path.
+        let state = query.state.map(|s| s.as_str());
+        let mut out = Vec::new();
+        let mut after = query.after_id.unwrap_or(0);
+        let page = query.limit.clamp(1, 1000);
+        loop {
+            let batch = self.query_jobs(
+                &format!(
+                    "SELECT {COLUMNS} FROM jobs WHERE job_id > ?1 AND (?2 IS NULL OR state = ?2) \
+                     ORDER BY job_id LIMIT ?3"
+                ),
+                params![after, state, page as i64],
+            )?;
+            let exhausted = batch.len() < page;
+            for job in batch {
+                after = job.id;
+                if query.pattern.as_ref().is_none_or(|p| p.matches(&job.name)) {
+                    out.push(job);
+                    if out.len() >= query.limit {
+                        return Ok(out);
+                    }
+                }
+            }
+            if exhausted {
+                return Ok(out);
+            }
+        }
+    }
+
+    fn count_by_state(&mut self) -> Result<Vec<(JobState, u64)>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map([], |row| {
+                let state: String = row.get(0)?;
+                let state = state.parse::<JobState>().map_err(|e| conversion(0, e))?;
+                Ok((state, row.get::<_, i64>(1)? as u64))
+            })
+            .map_err(store_error)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch("PRAGMA user_version = 99").unwrap();
+        }
+        match SqliteStore::open(&path) {
+            Err(StoreOpenError::TooNew { found: 99, .. }) => {}
+            Err(other) => panic!("unexpected error {other}"),
+            Ok(_) => panic!("a newer schema was accepted"),
+        }
+    }
+
+    #[test]
+    fn opening_migrates_to_the_current_version_in_wal_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/jobs.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, super::super::schema::CURRENT_VERSION);
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        // Reopening an up-to-date file changes nothing.
+        drop(conn);
+        drop(SqliteStore::open(&path).unwrap());
+    }
+}

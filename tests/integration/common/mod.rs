@@ -1,0 +1,388 @@
+//! Shared fixtures: a server process that cleans up after itself, an HTTP
+//! helper that returns status and JSON, and polling helpers with generous
+//! deadlines instead of sleeps.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// The `jobmgr` binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_jobmgr")
+}
+
+/// How long any wait in a test may take before it fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A `jobmgr server` process on 127.0.0.1, with its own SQLite file in a
+/// temporary directory. Killed (by pid) when dropped.
+pub struct Server {
+    child: Option<Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// The SQLite file.
+    pub db: PathBuf,
+    dir: Option<tempfile::TempDir>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    /// Where the server's stderr goes.
+    pub stderr_path: PathBuf,
+}
+
+/// Options for starting a server.
+#[derive(Default, Clone)]
+pub struct ServerBuilder {
+    db: Option<PathBuf>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl ServerBuilder {
+    /// Use this SQLite file (for restarts).
+    pub fn db(mut self, db: &Path) -> Self {
+        self.db = Some(db.to_path_buf());
+        self
+    }
+
+    /// An extra command-line argument for `jobmgr server`.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    /// An environment variable for the server.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Starts it and waits for its ready line.
+    pub fn start(self) -> Server {
+        let (dir, db) = match self.db {
+            Some(db) => (None, db),
+            None => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let db = dir.path().join("jobs.db");
+                (Some(dir), db)
+            }
+        };
+        let stderr_path = db.with_extension(format!("stderr.{}", std::process::id()));
+        let mut server = Server {
+            child: None,
+            url: String::new(),
+            db,
+            dir,
+            args: self.args,
+            env: self.env,
+            stderr_path,
+        };
+        server.spawn();
+        server
+    }
+}
+
+impl Server {
+    /// A server with default options.
+    pub fn start() -> Server {
+        ServerBuilder::default().start()
+    }
+
+    /// Options for a server.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+
+    fn spawn(&mut self) {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr_path)
+            .expect("stderr file");
+        let mut command = Command::new(bin());
+        command
+            .arg("server")
+            .arg("--db")
+            .arg(&self.db)
+            .arg("--http")
+            .arg("127.0.0.1:0")
+            .args(&self.args)
+            .env("JOBMGR_LOG", "info,jobmgr=debug")
+            .env_remove("JOBMGR_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .stdin(Stdio::null());
+        for (k, v) in &self.env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn jobmgr server");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining so the server never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(DEADLINE) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("server did not become ready; stderr:\n{}", self.stderr());
+            }
+        };
+        let url = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http="))
+            .unwrap_or_else(|| panic!("no http= in ready line {line:?}"))
+            .to_string();
+        self.url = url;
+        self.child = Some(child);
+    }
+
+    /// The server's stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// `kill -9` the server and reap it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM the server and wait for it to exit; returns its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        wait_child(&mut child, DEADLINE).expect("server exits after SIGTERM")
+    }
+
+    /// Kills the server and starts it again on the same SQLite file. The
+    /// port changes; `url` is updated.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// An HTTP helper for this server.
+    pub fn api(&self) -> Api {
+        Api::new(&self.url)
+    }
+
+    /// The `host:port` the server listens on.
+    pub fn addr(&self) -> String {
+        self.url.trim_start_matches("http://").to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_file(&self.stderr_path);
+    }
+}
+
+/// Waits for a child with a deadline.
+pub fn wait_child(child: &mut Child, deadline: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Polls `check` every 10 ms until it returns `Some`, or panics after
+/// [`DEADLINE`] naming `what`.
+pub fn poll<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        if start.elapsed() > DEADLINE {
+            panic!("timed out after {DEADLINE:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// An HTTP/JSON caller that returns `(status, body)`.
+#[derive(Clone)]
+pub struct Api {
+    base: String,
+    client: reqwest::blocking::Client,
+    token: Option<String>,
+}
+
+impl Api {
+    /// A caller of `base`.
+    pub fn new(base: &str) -> Api {
+        let client = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("client");
+        Api {
+            base: base.to_string(),
+            client,
+            token: None,
+        }
+    }
+
+    /// Sends this bearer token.
+    pub fn with_token(mut self, token: &str) -> Api {
+        self.token = Some(token.to_string());
+        self
+    }
+
+    /// Any request, with a raw body.
+    pub fn send(&self, method: &str, path: &str, body: Option<String>) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self
+            .client
+            .request(method, format!("{}{}", self.base, path));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        let response = request.send().expect("request");
+        let status = response.status().as_u16();
+        let text = response.text().expect("body");
+        let value = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("answer is not JSON: HTTP {status} {text:?}"));
+        (status, value)
+    }
+
+    /// `GET path`.
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        self.send("GET", path, None)
+    }
+
+    /// `POST path` with a JSON body.
+    pub fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send("POST", path, Some(body.to_string()))
+    }
+
+    /// `PATCH path` with a JSON body.
+    pub fn patch(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send("PATCH", path, Some(body.to_string()))
+    }
+
+    /// `DELETE path`.
+    pub fn delete(&self, path: &str) -> (u16, Value) {
+        self.send("DELETE", path, None)
+    }
+
+    /// Creates a job; panics unless it succeeds. Returns its id.
+    pub fn create(&self, body: Value) -> i64 {
+        let (status, answer) = self.post("/jobs", body);
+        assert_eq!(status, 200, "create failed: {answer}");
+        answer["jobID"].as_i64().expect("jobID")
+    }
+
+    /// Dequeues without waiting; returns the jobs handed out.
+    pub fn dequeue(&self, body: Value) -> Vec<Value> {
+        let (status, answer) = self.post("/dequeue", body);
+        assert_eq!(status, 200, "dequeue failed: {answer}");
+        answer["jobs"].as_array().expect("jobs").clone()
+    }
+
+    /// Dequeues one job by name pattern; panics unless exactly one is due.
+    pub fn take(&self, name: &str) -> Value {
+        let jobs = self.dequeue(json!({"name": name}));
+        assert_eq!(jobs.len(), 1, "expected one job for {name}, got {jobs:?}");
+        jobs[0].clone()
+    }
+
+    /// QueryJob; panics unless the job exists.
+    pub fn job(&self, id: i64) -> Value {
+        let (status, answer) = self.get(&format!("/jobs/{id}"));
+        assert_eq!(status, 200, "query {id} failed: {answer}");
+        answer
+    }
+
+    /// The state of a job, or `None` if it is gone.
+    pub fn state(&self, id: i64) -> Option<String> {
+        let (status, answer) = self.get(&format!("/jobs/{id}"));
+        match status {
+            200 => Some(answer["state"].as_str().expect("state").to_string()),
+            404 => None,
+            other => panic!("query {id}: HTTP {other} {answer}"),
+        }
+    }
+}
+
+/// Asserts an API error's HTTP status and code.
+#[track_caller]
+pub fn assert_error(answer: (u16, Value), status: u16, code: &str) {
+    assert_eq!(
+        (answer.0, answer.1["code"].as_str().unwrap_or("")),
+        (status, code),
+        "answer: {}",
+        answer.1
+    );
+}
+
+/// Sends raw bytes to `addr` and returns everything the server answers
+/// until it closes or goes quiet for a second.
+pub fn raw_exchange(addr: &str, bytes: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    stream.write_all(bytes).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Runs `jobmgr job …` against a server; returns (exit code, stdout, stderr).
+pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(bin())
+        .arg("job")
+        .arg("--server")
+        .arg(&server.url)
+        .args(args)
+        .env_remove("JOBMGR_TOKEN")
+        .output()
+        .expect("run jobmgr job");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,13 @@
+//! Integration tests: the real `jobmgr` binary, a real SQLite file, real
+//! sockets on 127.0.0.1 with ports from the OS. One binary, topic modules.
+
+mod common;
+
+mod children;
+mod cli;
+mod commands;
+mod crash;
+mod hostile;
+mod leases;
+mod long_poll;
+mod repeat;
