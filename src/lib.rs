@@ -4,9 +4,13 @@
 //! - [`server`]: the job server (SQLite store, queue with blocking GetJob and
 //!   leases, HTTP/JSON API).
 //! - [`client`]: clients of a job server.
+//! - [`supervisor`]: the worker manager that runs jobs as child processes.
+//! - [`config`]: supervisor options from flags and configuration files.
 //! - [`cli`]: the command line.
 
 pub mod cli;
 pub mod client;
+pub mod config;
 pub mod protocol;
 pub mod server;
+pub mod supervisor;

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
             EnvFilter::try_from_env("JOBMGR_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -4,6 +4,7 @@
 mod job;
 mod output;
 mod server;
+mod supervise;
 
 use std::process::ExitCode;
 
@@ -12,17 +13,25 @@ use thiserror::Error;
 
 pub use job::{JobArgs, JobCommand};
 pub use server::ServerArgs;
+pub use supervise::SuperviseArgs;
 
 use crate::client::ClientError;
 use crate::server::ServerError;
 
 /// jobmgr: a worker manager and job server with Bedrock::Jobs semantics.
+///
+/// Without a subcommand, runs the supervisor: `jobmgr --job-name='*'
+/// --worker-path=/code --max-load=5.0`. Signals: SIGTERM/SIGINT drain
+/// (twice: stop jobs now), SIGTSTP stops taking jobs, SIGHUP reloads --config.
 #[derive(Debug, Parser)]
-#[command(name = "jobmgr", version, about, long_about = None)]
+#[command(name = "jobmgr", version, about, long_about = None, args_conflicts_with_subcommands = true)]
 pub struct Cli {
-    /// What to do.
+    /// What to do; without one, run the supervisor.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    /// The supervisor's options.
+    #[command(flatten)]
+    pub supervise: SuperviseArgs,
 }
 
 /// The subcommands.
@@ -66,7 +75,8 @@ pub fn exit_code(result: &Result<(), CliError>) -> ExitCode {
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Server(args) => server::run(args).await,
-        Command::Job(command) => job::run(command).await,
+        Some(Command::Server(args)) => server::run(args).await,
+        Some(Command::Job(command)) => job::run(command).await,
+        None => supervise::run(cli.supervise).await,
     }
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::CliError;
+use crate::server::bedrock::{self, DEFAULT_BEDROCK_ADDR};
 use crate::server::queue::QueueConfig;
-use crate::server::{self, DEFAULT_HTTP_ADDR, ServerConfig};
+use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig};
 
 /// Options of `jobmgr server`.
 #[derive(Debug, Args)]
@@ -18,6 +19,9 @@ pub struct ServerArgs {
     /// Where the HTTP API listens. Beyond loopback it needs --token.
     #[arg(long, env = "JOBMGR_HTTP", value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR)]
     pub http: String,
+    /// Where the Bedrock protocol port listens; "none" to not serve it.
+    #[arg(long, env = "JOBMGR_BEDROCK", value_name = "ADDR", default_value = DEFAULT_BEDROCK_ADDR)]
+    pub bedrock: String,
     /// Bearer token every API request must carry.
     #[arg(
         long,
@@ -26,6 +30,15 @@ pub struct ServerArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// Bedrock-port connections served at once; more are refused with 503.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub bedrock_max_connections: usize,
+    /// A Bedrock-port connection with no request in progress is closed after this.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub bedrock_idle_timeout: Duration,
+    /// A Bedrock-port request must arrive whole within this of its first byte.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub bedrock_request_timeout: Duration,
     /// Lease of a hand-out whose requester names none (and whose job has no retryAfter).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub lease: Duration,
@@ -46,19 +59,38 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
             default_lease_ms: lease_ms,
             max_lapses: args.max_lapses,
         },
+        bedrock_limits: bedrock::Limits {
+            max_connections: args.bedrock_max_connections.max(1),
+            idle_timeout: args.bedrock_idle_timeout,
+            request_timeout: args.bedrock_request_timeout,
+            ..bedrock::Limits::default()
+        },
     };
-    let listener = server::bind(&args.http).await?;
-    let local = listener.local_addr().map_err(server::ServerError::Serve)?;
+    let http = server::bind(&args.http).await?;
+    let local = http.local_addr().map_err(server::ServerError::Serve)?;
     server::check_exposure(local, config.token.as_deref())?;
+    let bedrock = match args.bedrock.as_str() {
+        "none" | "" => None,
+        addr => Some(server::bind(addr).await?),
+    };
+    let bedrock_addr = match &bedrock {
+        Some(listener) => {
+            let addr = listener.local_addr().map_err(server::ServerError::Serve)?;
+            server::check_exposure(addr, config.token.as_deref())?;
+            addr.to_string()
+        }
+        None => "none".to_string(),
+    };
     let started = server::Server::start(&config)?;
     // One line on stdout when ready, for scripts and tests to wait on.
     println!(
-        "jobmgr server ready: http=http://{local} db={}",
+        "jobmgr server ready: http=http://{local} bedrock={bedrock_addr} db={}",
         config.db.display()
     );
-    tracing::info!(http = %local, "job server listening");
+    tracing::info!(http = %local, bedrock = %bedrock_addr, "job server listening");
+    let listeners = Listeners { http, bedrock };
     started
-        .serve_http(listener, config.token, shutdown_signal())
+        .serve(listeners, config.token, shutdown_signal())
         .await?;
     Ok(())
 }
@@ -78,4 +110,9 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// Logs which signal asked for the stop.
+pub fn shutdown_signal_names(name: &str) {
+    tracing::info!(signal = name, "stop requested");
 }

@@ -1,5 +1,15 @@
-//! Clients of a job server. [`HttpClient`] speaks the HTTP/JSON API.
+//! Clients of a job server. [`HttpClient`] speaks the HTTP/JSON API; the
+//! [`JobSource`] trait is what the supervisor needs from any server, with
+//! implementations over HTTP, Bedrock's protocol, and in-process.
 
+mod bedrock;
 mod http;
+mod http_source;
+mod local;
+mod source;
 
+pub use bedrock::BedrockSource;
 pub use http::{ClientError, HttpClient};
+pub use http_source::HttpSource;
+pub use local::LocalSource;
+pub use source::{FetchMode, JobSource, LeasedJob, Report, SourceError};

@@ -167,21 +167,17 @@ impl JobError {
     }
 }
 
-/// `parentJobID` → `parent_job_id`, `retryAfter` → `retry_after`.
+/// `parentJobID` → `parent_job_id`, `jobIDs` → `job_ids`: a word starts
+/// wherever a capital follows a small letter.
 fn snake(name: &str) -> String {
     let mut out = String::with_capacity(name.len() + 4);
-    let chars: Vec<char> = name.chars().collect();
-    for (i, &c) in chars.iter().enumerate() {
-        if c.is_ascii_uppercase() {
-            let prev_lower = i > 0 && chars[i - 1].is_ascii_lowercase();
-            let next_lower = chars.get(i + 1).is_some_and(|n| n.is_ascii_lowercase());
-            if i > 0 && (prev_lower || next_lower) {
-                out.push('_');
-            }
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if c.is_ascii_uppercase() && prev_lower {
+            out.push('_');
         }
+        prev_lower = c.is_ascii_lowercase() || c.is_ascii_digit();
+        out.push(c.to_ascii_lowercase());
     }
     out
 }
@@ -222,5 +218,7 @@ mod tests {
         );
         assert_eq!(JobError::Missing("name").code(), "missing_name");
         assert_eq!(JobError::LeaseLost(3).code(), "lease_lost");
+        assert_eq!(JobError::Malformed("jobIDs").code(), "malformed_job_ids");
+        assert_eq!(JobError::Missing("leaseMs").code(), "missing_lease_ms");
     }
 }

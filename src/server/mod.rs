@@ -2,6 +2,7 @@
 //! HTTP/JSON. [`run`] takes its listener from the caller, so tests and the
 //! embedded supervisor start it on any address, and a shutdown future.
 
+pub mod bedrock;
 pub mod calendar;
 pub mod http;
 pub mod queue;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use queue::{Queue, QueueConfig};
 use store::SqliteStore;
@@ -32,6 +34,8 @@ pub struct ServerConfig {
     pub token: Option<String>,
     /// Lease and lapse settings.
     pub queue: QueueConfig,
+    /// Bounds on Bedrock-port clients.
+    pub bedrock_limits: bedrock::Limits,
 }
 
 /// Why the server could not start or stopped.
@@ -102,11 +106,20 @@ pub async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
         })
 }
 
+/// The sockets a server answers on.
+pub struct Listeners {
+    /// The HTTP API.
+    pub http: TcpListener,
+    /// The Bedrock port, if served.
+    pub bedrock: Option<TcpListener>,
+}
+
 /// A started server: its queue, for in-process use, and how to stop it.
 pub struct Server {
     /// The queue every front-end serves.
     pub queue: Queue,
     store: Arc<SqliteStore>,
+    bedrock_limits: bedrock::Limits,
 }
 
 impl Server {
@@ -115,43 +128,85 @@ impl Server {
         let store = Arc::new(SqliteStore::open(&config.db)?);
         let queue = Queue::start(store.clone(), config.queue);
         tracing::info!(db = %config.db.display(), "job store open");
-        Ok(Server { queue, store })
+        Ok(Server {
+            queue,
+            store,
+            bedrock_limits: config.bedrock_limits,
+        })
     }
 
-    /// Serves the HTTP API on `listener` until `shutdown` resolves; then
-    /// answers held requests, finishes in-flight ones and closes the store.
-    pub async fn serve_http(
+    /// Serves the HTTP API (and the Bedrock port, when given) until
+    /// `shutdown` resolves; then answers held requests, finishes in-flight
+    /// ones and closes the store.
+    pub async fn serve(
         self,
-        listener: TcpListener,
+        listeners: Listeners,
         token: Option<String>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let local = listener.local_addr().map_err(ServerError::Serve)?;
+        let local = listeners.http.local_addr().map_err(ServerError::Serve)?;
         check_exposure(local, token.as_deref())?;
+        let stop = CancellationToken::new();
+        let bedrock = match listeners.bedrock {
+            Some(listener) => {
+                let addr = listener.local_addr().map_err(ServerError::Serve)?;
+                check_exposure(addr, token.as_deref())?;
+                // Bedrock clients on loopback keep working without a token.
+                let bedrock_token = if addr.ip().is_loopback() {
+                    None
+                } else {
+                    token.clone()
+                };
+                Some(tokio::spawn(bedrock::serve(
+                    listener,
+                    self.queue.clone(),
+                    self.bedrock_limits,
+                    bedrock_token,
+                    stop.clone(),
+                )))
+            }
+            None => None,
+        };
         let app = http::router(self.queue.clone(), token);
         let queue = self.queue.clone();
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: answering held requests");
-                queue.shutdown();
-            })
+        let signal = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("shutting down: answering held requests");
+            queue.shutdown();
+            signal.cancel();
+        });
+        let result = axum::serve(listeners.http, app)
+            .with_graceful_shutdown(stop.clone().cancelled_owned())
             .await
             .map_err(ServerError::Serve);
+        stop.cancel();
         self.queue.shutdown();
+        if let Some(bedrock) = bedrock {
+            let _ = bedrock.await;
+        }
         self.store.close();
         result
     }
 }
 
-/// Runs the job server on `http` until `shutdown` resolves.
+/// Runs the job server with only its HTTP API on `http` until `shutdown`
+/// resolves.
 pub async fn run(
     config: ServerConfig,
     http: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let server = Server::start(&config)?;
+    let token = config.token.clone();
     server
-        .serve_http(http, config.token.clone(), shutdown)
+        .serve(
+            Listeners {
+                http,
+                bedrock: None,
+            },
+            token,
+            shutdown,
+        )
         .await
 }

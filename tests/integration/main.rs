@@ -3,6 +3,7 @@
 
 mod common;
 
+mod bedrock_client;
 mod children;
 mod cli;
 mod commands;
@@ -11,3 +12,4 @@ mod hostile;
 mod leases;
 mod long_poll;
 mod repeat;
+mod supervisor;

@@ -20,21 +20,46 @@ pub struct Body<T>(pub T);
 /// A JSON body of at most [`MAX_BATCH_BODY`] bytes.
 pub struct BatchBody<T>(pub T);
 
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("request body is larger than {limit} bytes; job data is limited to 1 MiB"),
+    )
+}
+
+/// Whether an error from reading a body is the size limit (rather than,
+/// say, a body that ended early).
+fn is_length_limit(error: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if current.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = current.source();
+    }
+    false
+}
+
 async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T, ApiError> {
     let bytes = axum::body::to_bytes(req.into_body(), limit)
         .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("request body is larger than {limit} bytes; job data is limited to 1 MiB"),
-            )
+        .map_err(|error| {
+            if is_length_limit(&error) {
+                too_large(limit)
+            } else {
+                ApiError::bad_request(format!("request body could not be read: {error}"))
+            }
         })?;
     let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
         &bytes
     };
+    // Only an object: serde would otherwise read `[a, b]` as fields in order.
+    if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("request body must be a JSON object"));
+    }
     serde_json::from_slice(text)
         .map_err(|error| ApiError::bad_request(format!("request body is not valid: {error}")))
 }

@@ -88,7 +88,7 @@ async fn require_token(
 }
 
 /// Compares secrets without stopping at the first difference.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

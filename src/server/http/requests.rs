@@ -20,6 +20,12 @@ pub const MIN_LEASE_MS: u64 = 100;
 /// The longest lease a dequeue may ask for: one day.
 pub const MAX_LEASE_MS: u64 = 86_400_000;
 
+/// Reads a field that is `Some` whenever it is present, even as `null`, so
+/// that `"data": null` is refused rather than taken for "no data".
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
+}
+
 fn data(value: Option<Value>) -> Result<Option<Data>, JobError> {
     value.map(check_data).transpose()
 }
@@ -47,6 +53,7 @@ fn repeat(value: Option<String>) -> Result<Option<Repeat>, JobError> {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateJobRequest {
     name: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
     first_run: Option<String>,
     repeat: Option<String>,
@@ -141,6 +148,7 @@ impl DequeueRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct UpdateJobRequest {
+    #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
     repeat: Option<String>,
     #[serde(alias = "jobPriority")]
@@ -167,6 +175,7 @@ impl UpdateJobRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FinishJobRequest {
+    #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
     lease: Option<String>,
 }
@@ -186,6 +195,7 @@ impl FinishJobRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FailJobRequest {
+    #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
     lease: Option<String>,
 }
@@ -205,6 +215,7 @@ impl FailJobRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RetryJobRequest {
+    #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
     delay: Option<i64>,
     next_run: Option<String>,

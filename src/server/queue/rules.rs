@@ -23,6 +23,14 @@ const RETRY_AFTER_COUNT: &str = "retryAfterCount";
 /// a unique CreateJob.
 const BOOKKEEPING_KEYS: [&str; 2] = [RETRY_AFTER_COUNT, "originalNextRun"];
 
+/// States in which a child still holds its parent paused.
+const PENDING_CHILD: [JobState; 4] = [
+    JobState::Queued,
+    JobState::Runqueued,
+    JobState::Running,
+    JobState::Paused,
+];
+
 /// A fresh, unguessable lease token.
 pub fn new_token() -> String {
     format!("{:032x}", rand::random::<u128>())
@@ -375,6 +383,12 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
 
     job.lease = None;
     if let Some(next) = next {
+        if matches!(report, Report::Finish(_)) {
+            // A repeating job's next run is a new occurrence: its attempts
+            // and lapses count afresh.
+            job.attempts = 0;
+            job.lapses = 0;
+        }
         job.state = JobState::Queued;
         job.next_run = next;
         return tx.update(&job);
@@ -383,19 +397,10 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     if job.is_child() {
         job.state = JobState::Finished;
         tx.update(&job)?;
-        resume_parent_if_done(
-            tx,
-            job.parent_id,
-            &[
-                JobState::Queued,
-                JobState::Runqueued,
-                JobState::Running,
-                JobState::Paused,
-            ],
-        )?;
+        resume_parent_if_done(tx, job.parent_id, &PENDING_CHILD)?;
         return Ok(());
     }
-    if tx.children(id)?.iter().next().is_some() {
+    if !tx.children(id)?.is_empty() {
         return Err(JobError::OutstandingChildren);
     }
     tx.delete(id)
@@ -472,7 +477,12 @@ pub fn delete(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
     for child in tx.children(id)? {
         tx.delete(child.id)?;
     }
-    tx.delete(id)
+    tx.delete(id)?;
+    // A paused parent whose last pending child is deleted runs again.
+    if job.is_child() {
+        resume_parent_if_done(tx, job.parent_id, &PENDING_CHILD)?;
+    }
+    Ok(())
 }
 
 /// CancelJob: a child that has not run (or failed) is cancelled; when no

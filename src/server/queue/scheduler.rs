@@ -33,6 +33,15 @@ pub(super) async fn run(queue: Queue) {
         }
         let now = queue.now();
         if next.is_some_and(|at| at <= now) {
+            // Disarm first: a commit during the tick may schedule something
+            // the tick's own look at the store misses; its nudge must land in
+            // `pending`, not be dropped as "already armed".
+            inner
+                .timer
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .armed = None;
             match tick(&queue, last).await {
                 Ok((upto, following)) => {
                     last = upto;

@@ -9,6 +9,9 @@ use tokio::sync::Notify;
 
 use crate::protocol::{NamePattern, Priority};
 
+/// The jobs a waiter was woken for, shared between it and the list.
+type WokenFor = Arc<Mutex<Option<Vec<(String, Priority)>>>>;
+
 #[derive(Debug)]
 struct Entry {
     id: u64,
@@ -17,7 +20,7 @@ struct Entry {
     want: usize,
     notify: Arc<Notify>,
     /// Names this waiter was woken for, to pass on if it leaves unserved.
-    woken_for: Arc<Mutex<Option<Vec<(String, Priority)>>>>,
+    woken_for: WokenFor,
 }
 
 #[derive(Debug, Default)]
@@ -104,7 +107,7 @@ impl Waiters {
                 }
             }
         }
-        assigned.sort_by(|a, b| b.0.cmp(&a.0));
+        assigned.sort_by_key(|(index, _)| std::cmp::Reverse(*index));
         for (index, names) in assigned {
             let entry = list.entries.remove(index);
             *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
@@ -136,7 +139,7 @@ pub struct Ticket {
     id: u64,
     waiters: Waiters,
     notify: Arc<Notify>,
-    woken_for: Arc<Mutex<Option<Vec<(String, Priority)>>>>,
+    woken_for: WokenFor,
     armed: bool,
 }
 

@@ -27,6 +27,8 @@ pub struct Server {
     child: Option<Child>,
     /// `http://127.0.0.1:PORT`.
     pub url: String,
+    /// The Bedrock port's `127.0.0.1:PORT`.
+    pub bedrock: String,
     /// The SQLite file.
     pub db: PathBuf,
     dir: Option<tempfile::TempDir>,
@@ -77,6 +79,7 @@ impl ServerBuilder {
         let mut server = Server {
             child: None,
             url: String::new(),
+            bedrock: String::new(),
             db,
             dir,
             args: self.args,
@@ -112,6 +115,8 @@ impl Server {
             .arg(&self.db)
             .arg("--http")
             .arg("127.0.0.1:0")
+            .arg("--bedrock")
+            .arg("127.0.0.1:0")
             .args(&self.args)
             .env("JOBMGR_LOG", "info,jobmgr=debug")
             .env_remove("JOBMGR_TOKEN")
@@ -146,6 +151,11 @@ impl Server {
             .unwrap_or_else(|| panic!("no http= in ready line {line:?}"))
             .to_string();
         self.url = url;
+        self.bedrock = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("bedrock="))
+            .unwrap_or_default()
+            .to_string();
         self.child = Some(child);
     }
 
@@ -385,4 +395,199 @@ pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// A `jobmgr` supervisor process with its own worker directory, scratch
+/// directory, spool, and load/memory files (load 0, plenty of memory, so the
+/// machine's real load never gates a test). Killed (by pid) when dropped.
+pub struct Supervisor {
+    child: Option<Child>,
+    /// Its directory: `workers/`, `scratch/`, `spool/`, `loadavg`, `meminfo`.
+    pub dir: tempfile::TempDir,
+    /// Where its stderr goes.
+    pub stderr_path: PathBuf,
+    /// Its ready line.
+    pub ready: String,
+}
+
+/// Options for starting a supervisor.
+pub struct SupervisorBuilder {
+    args: Vec<String>,
+    workers: Vec<(String, String)>,
+    dir: tempfile::TempDir,
+}
+
+impl Supervisor {
+    /// A supervisor of the server at `server_url` (`http://…` or
+    /// `bedrock://…`).
+    pub fn builder(server_url: &str) -> SupervisorBuilder {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("loadavg"), "0.00 0.00 0.00 1/100 1\n").expect("loadavg");
+        std::fs::write(
+            dir.path().join("meminfo"),
+            "MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n",
+        )
+        .expect("meminfo");
+        std::fs::create_dir(dir.path().join("workers")).expect("workers dir");
+        SupervisorBuilder {
+            args: vec!["--server".into(), server_url.into()],
+            workers: Vec::new(),
+            dir,
+        }
+    }
+
+    /// The worker directory.
+    pub fn workers(&self) -> PathBuf {
+        self.dir.path().join("workers")
+    }
+
+    /// The scratch directory.
+    pub fn scratch(&self) -> PathBuf {
+        self.dir.path().join("scratch")
+    }
+
+    /// The report spool.
+    pub fn spool(&self) -> PathBuf {
+        self.dir.path().join("spool")
+    }
+
+    /// Sets the load average the supervisor reads.
+    pub fn set_load(&self, load: f64) {
+        std::fs::write(
+            self.dir.path().join("loadavg"),
+            format!("{load:.2} {load:.2} {load:.2} 1/100 1\n"),
+        )
+        .expect("loadavg");
+    }
+
+    /// The supervisor's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), signal)
+            .expect("signal");
+    }
+
+    /// Waits for it to exit.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        wait_child(&mut child, Duration::from_secs(60)).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!(
+                "supervisor did not exit; stderr:\n{}",
+                std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+            )
+        })
+    }
+
+    /// `kill -9` it and reap it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Its stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+impl SupervisorBuilder {
+    /// An extra command-line argument.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    /// A worker script (made executable) in the worker directory.
+    pub fn worker(mut self, name: &str, script: &str) -> Self {
+        self.workers.push((name.to_string(), script.to_string()));
+        self
+    }
+
+    /// The supervisor's directory (to place files before it starts).
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts it and waits for its ready line.
+    pub fn start(self) -> Supervisor {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.dir;
+        let workers = dir.path().join("workers");
+        for (name, script) in &self.workers {
+            let path = workers.join(name);
+            std::fs::write(&path, script).expect("worker script");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        let stderr_path = dir.path().join("stderr");
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let d = dir.path();
+        let mut command = Command::new(bin());
+        command
+            .arg("--worker-path")
+            .arg(&workers)
+            .arg("--scratch-dir")
+            .arg(d.join("scratch"))
+            .arg("--spool-dir")
+            .arg(d.join("spool"))
+            .arg("--loadavg-path")
+            .arg(d.join("loadavg"))
+            .arg("--meminfo-path")
+            .arg(d.join("meminfo"))
+            .args([
+                "--kill-grace",
+                "2s",
+                "--backoff",
+                "1s",
+                "--max-backoff",
+                "2s",
+                "--poll-wait",
+                "5s",
+            ])
+            .args(&self.args)
+            .env("JOBMGR_LOG", "info,jobmgr=debug")
+            .env_remove("JOBMGR_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .stdin(Stdio::null());
+        let mut child = command.spawn().expect("spawn jobmgr supervisor");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {}
+        });
+        let ready = match rx.recv_timeout(DEADLINE) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "supervisor did not become ready; stderr:\n{}",
+                    std::fs::read_to_string(&stderr_path).unwrap_or_default()
+                );
+            }
+        };
+        Supervisor {
+            child: Some(child),
+            dir,
+            stderr_path,
+            ready,
+        }
+    }
 }

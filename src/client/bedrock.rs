@@ -1,0 +1,1135 @@
+//! [`JobSource`] over Bedrock's text protocol, for driving a real Bedrock
+//! cluster (or this project's own Bedrock port) from the supervisor.
+//!
+//! - **Framing.** A request is a method line, `Name: value` headers and a
+//!   blank line; parameters travel as header values, so no value may carry a
+//!   line break (text is backslash-escaped, JSON is sent compact). An answer is
+//!   a status line `NNN message`, headers, and exactly `Content-Length` bytes
+//!   of body, read by a bounded reader of its own (no answer over 64 MiB).
+//! - **Connections.** Plain TCP, kept open in a small pool of idle
+//!   connections: a waiting GetJobs holds its connection for the whole wait
+//!   while reports go out on others. A pooled connection the server has
+//!   closed is replaced transparently. Every connect (10 s), write (60 s) and
+//!   read (60 s, or a waiting GetJobs' wait + 30 s) has a time limit.
+//! - **Waiting.** GetJobs is sent with `Connection: wait` and `Timeout`.
+//!   Today's Bedrock ignores that and answers `404` at once; when a `404`
+//!   comes back well before the timeout asked for, the source switches to
+//!   polling with jittered exponential backoff (1 s doubling to 10 s, ±20 %)
+//!   within the caller's wait, and keeps asking to wait so that a server that
+//!   starts holding requests again is noticed. [`JobSource::fetch_mode`] says
+//!   which mode it is in; every change is logged once.
+//! - **Commands.** GetJobs, UpdateJob, FinishJob, RetryJob and FailJob for
+//!   the supervisor's loop; CreateJob, QueryJob and DeleteJob for jobs it
+//!   declares itself.
+//! - **No leases.** Bedrock holds a job without `retryAfter` until it is
+//!   reported, so hand-outs carry no lease token and heartbeats are no-ops.
+//!
+//! Dropping a `get_jobs` future mid-wait closes its connection, so the server
+//! sees the client gone and hands the job to nobody.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rand::Rng;
+use serde_json::Value;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout, timeout_at};
+
+use super::source::{FetchMode, JobSource, LeasedJob, Report, SourceError};
+use crate::protocol::{CreateJob, Data, JobId};
+use crate::server::store::BoxFuture;
+
+/// The largest answer body accepted.
+const MAX_BODY: usize = 64 * 1024 * 1024;
+/// The largest status line plus headers accepted.
+const MAX_HEAD: usize = 64 * 1024;
+/// The most headers one answer may carry.
+const MAX_HEADERS: usize = 256;
+/// Idle connections kept for reuse; more are closed.
+const MAX_IDLE: usize = 4;
+/// How long a connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long sending a request may take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the answer to a command that does not wait may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+/// What a waiting GetJobs' answer may take beyond the wait asked for.
+const WAIT_MARGIN: Duration = Duration::from_secs(30);
+/// Longer waits are cut to this (which also keeps the clock arithmetic sane).
+const LONGEST_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// The first pause between polls, and the longest.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// A pooled connection that breaks within this of a request, before any
+/// answer, was stale: the request is sent again on another connection.
+const STALE_WINDOW: Duration = Duration::from_secs(2);
+/// Waits shorter than this tell nothing about whether the server waits.
+const MIN_JUDGED_WAIT: Duration = Duration::from_secs(1);
+/// A `404` faster than half of `min(wait, this)` means the server did not wait.
+const JUDGE_CAP: Duration = Duration::from_secs(2);
+
+/// A job server reached over Bedrock's text protocol (`bedrock://HOST:PORT`).
+/// Cheap to clone; clones share the connection pool and the fetch mode.
+#[derive(Clone)]
+pub struct BedrockSource {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `HOST:PORT`.
+    addr: String,
+    /// Idle connections, most recently used last.
+    idle: Mutex<Vec<Connection>>,
+    /// Whether the server waits, and the current polling pause.
+    fetch: Mutex<FetchState>,
+}
+
+struct FetchState {
+    mode: FetchMode,
+    backoff: Duration,
+}
+
+impl fmt::Debug for BedrockSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BedrockSource")
+            .field("addr", &self.inner.addr)
+            .field("mode", &self.fetch_mode())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks a mutex, also after a panic elsewhere (the guarded state stays
+/// consistent: every update is a single assignment).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl BedrockSource {
+    /// A source for the Bedrock server at `addr` (`HOST:PORT`; a leading
+    /// `bedrock://` is also accepted). Nothing is connected until the first
+    /// call. A malformed address is [`SourceError::Refused`].
+    pub fn new(addr: &str) -> Result<Self, SourceError> {
+        let trimmed = addr.trim();
+        let addr = trimmed.strip_prefix("bedrock://").unwrap_or(trimmed);
+        let valid = addr.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty()
+                && !host.contains(|c: char| c.is_whitespace() || c == '/')
+                && port.parse::<u16>().is_ok_and(|p| p != 0)
+        });
+        if !valid {
+            return Err(SourceError::Refused(format!(
+                "bad Bedrock address {addr:?}: give HOST:PORT, e.g. 127.0.0.1:8888"
+            )));
+        }
+        Ok(BedrockSource {
+            inner: Arc::new(Inner {
+                addr: addr.to_string(),
+                idle: Mutex::new(Vec::new()),
+                fetch: Mutex::new(FetchState {
+                    mode: FetchMode::Blocking,
+                    backoff: FIRST_BACKOFF,
+                }),
+            }),
+        })
+    }
+
+    /// An idle connection that still looks open, if the pool has one.
+    fn take_idle(&self) -> Option<Connection> {
+        let mut idle = lock(&self.inner.idle);
+        while let Some(connection) = idle.pop() {
+            if connection.looks_open() {
+                return Some(connection);
+            }
+        }
+        None
+    }
+
+    /// Keeps `connection` for reuse, unless the pool is full.
+    fn put_idle(&self, connection: Connection) {
+        let mut idle = lock(&self.inner.idle);
+        if idle.len() < MAX_IDLE {
+            idle.push(connection);
+        }
+    }
+
+    /// Sends `request` and reads its answer within `read_timeout`. A pooled
+    /// connection that breaks at once, before any answer arrives, was closed
+    /// by the server while idle: it is dropped and the request sent again on
+    /// another one.
+    async fn call(
+        &self,
+        request: &Request,
+        read_timeout: Duration,
+    ) -> Result<Response, SourceError> {
+        let bytes = request.encode();
+        loop {
+            let mut connection = match self.take_idle() {
+                Some(connection) => connection,
+                None => Connection::open(&self.inner.addr).await?,
+            };
+            let sent = Instant::now();
+            match connection.exchange(&bytes, read_timeout).await {
+                Ok(response) => {
+                    if response.keeps_alive() && connection.buf.is_empty() {
+                        connection.reused = true;
+                        self.put_idle(connection);
+                    }
+                    return Ok(response);
+                }
+                Err(error)
+                    if connection.reused
+                        && error.nothing_received()
+                        && sent.elapsed() < STALE_WINDOW =>
+                {
+                    tracing::debug!(
+                        source = %self.describe(),
+                        method = request.method,
+                        %error,
+                        "pooled Bedrock connection was closed; sending again on a new one"
+                    );
+                }
+                Err(ExchangeError::Protocol(message)) => {
+                    return Err(SourceError::Protocol(format!(
+                        "{} answering {}: {message}",
+                        self.describe(),
+                        request.method
+                    )));
+                }
+                Err(error) => {
+                    return Err(SourceError::Unavailable(format!(
+                        "{} during {}: {error}",
+                        self.describe(),
+                        request.method
+                    )));
+                }
+            }
+        }
+    }
+
+    /// One GetJobs asking the server to wait up to `wait`. `None` for
+    /// `404 No job found`.
+    async fn get_jobs_once(
+        &self,
+        pattern: &str,
+        count: usize,
+        wait: Duration,
+    ) -> Result<Option<Vec<LeasedJob>>, SourceError> {
+        let request = Request::new("GetJobs")
+            .text("name", pattern)
+            .value("numResults", count.max(1))
+            .value("Connection", "wait")
+            .value("Timeout", wait.as_millis());
+        let response = self.call(&request, wait + WAIT_MARGIN).await?;
+        match response.code {
+            200..=299 => parse_jobs(&response.body).map(Some),
+            404 => Ok(None),
+            _ => Err(self.failure(&format!("GetJobs {pattern:?}"), &response)),
+        }
+    }
+
+    /// The error for an answer that is not a success.
+    fn failure(&self, what: &str, response: &Response) -> SourceError {
+        let message = format!("{what} at {}: {}", self.describe(), response.status_line);
+        match response.code {
+            400..=499 => SourceError::Refused(message),
+            500..=599 => SourceError::Unavailable(message),
+            _ => SourceError::Protocol(format!("unexpected answer to {message}")),
+        }
+    }
+
+    /// A command that changes one job: `Ok` on any `2xx`.
+    async fn job_command(&self, request: Request, id: JobId) -> Result<(), SourceError> {
+        let response = self.call(&request, COMMAND_TIMEOUT).await?;
+        if (200..=299).contains(&response.code) {
+            Ok(())
+        } else {
+            Err(self.failure(&format!("{} of job {id}", request.method), &response))
+        }
+    }
+
+    /// Learns from a `404` that took `took` for a wait of `asked` whether the
+    /// server holds waiting requests, and logs a change of mind.
+    fn judge(&self, asked: Duration, took: Duration) {
+        if asked < MIN_JUDGED_WAIT {
+            return;
+        }
+        let mode = if took < asked.min(JUDGE_CAP) / 2 {
+            FetchMode::Polling
+        } else {
+            FetchMode::Blocking
+        };
+        let mut state = lock(&self.inner.fetch);
+        if state.mode == mode {
+            return;
+        }
+        state.mode = mode;
+        state.backoff = FIRST_BACKOFF;
+        drop(state);
+        match mode {
+            FetchMode::Polling => tracing::info!(
+                source = %self.describe(),
+                mode = "polling",
+                asked_ms = asked.as_millis() as u64,
+                answered_ms = took.as_millis() as u64,
+                "Bedrock server answered a waiting GetJobs with 404 at once: it does not \
+                 hold requests, so polling it with backoff (1 s doubling to 10 s)"
+            ),
+            FetchMode::Blocking => tracing::info!(
+                source = %self.describe(),
+                mode = "blocking",
+                asked_ms = asked.as_millis() as u64,
+                answered_ms = took.as_millis() as u64,
+                "Bedrock server held a waiting GetJobs until its timeout: waiting on it \
+                 instead of polling"
+            ),
+        }
+    }
+
+    /// The next pause between polls, jittered by ±20 %.
+    fn pause(&self) -> Duration {
+        let backoff = lock(&self.inner.fetch).backoff;
+        backoff.mul_f64(rand::rng().random_range(0.8..=1.2))
+    }
+
+    /// Doubles the pause between polls, up to its cap.
+    fn back_off(&self) {
+        let mut state = lock(&self.inner.fetch);
+        state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+    }
+
+    /// A job arrived: the next poll starts from the shortest pause.
+    fn job_arrived(&self) {
+        lock(&self.inner.fetch).backoff = FIRST_BACKOFF;
+    }
+}
+
+impl JobSource for BedrockSource {
+    /// GetJobs with `Connection: wait`; against a server that answers at once,
+    /// polls with backoff until `wait` is used up. `lease` is not used: the
+    /// Bedrock port holds a job until it is reported.
+    fn get_jobs<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: usize,
+        wait: Duration,
+        _lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
+        Box::pin(async move {
+            let deadline = Instant::now() + wait.min(LONGEST_WAIT);
+            loop {
+                let asked = deadline.saturating_duration_since(Instant::now());
+                let sent = Instant::now();
+                if let Some(jobs) = self.get_jobs_once(pattern, count, asked).await? {
+                    if !jobs.is_empty() {
+                        self.job_arrived();
+                    }
+                    return Ok(jobs);
+                }
+                self.judge(asked, sent.elapsed());
+                if self.fetch_mode() == FetchMode::Blocking {
+                    return Ok(Vec::new());
+                }
+                let pause = self.pause();
+                let left = deadline.saturating_duration_since(Instant::now());
+                if pause >= left {
+                    tokio::time::sleep_until(deadline).await;
+                    return Ok(Vec::new());
+                }
+                tokio::time::sleep(pause).await;
+                self.back_off();
+            }
+        })
+    }
+
+    /// Nothing to renew: a job handed out on the Bedrock port without
+    /// `retryAfter` has no lease.
+    fn heartbeat<'a>(&'a self, _job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// UpdateJob with the new `data`.
+    fn update<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        data: &'a Data,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let request = Request::new("UpdateJob")
+                .value("jobID", job.id)
+                .json("data", data)?;
+            self.job_command(request, job.id).await
+        })
+    }
+
+    /// FinishJob, RetryJob (with `delay`, negative taken as 0) or FailJob,
+    /// with `data` when the report has some. `404`/`405` (the job is gone or
+    /// not held) and other `4xx` are [`SourceError::Refused`].
+    fn report<'a>(
+        &'a self,
+        id: JobId,
+        _lease: Option<&'a str>,
+        report: &'a Report,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let (request, data) = match report {
+                Report::Finish { data } => (Request::new("FinishJob"), data),
+                Report::Fail { data } => (Request::new("FailJob"), data),
+                Report::Retry { delay_secs, data } => (
+                    Request::new("RetryJob").value("delay", (*delay_secs).max(0)),
+                    data,
+                ),
+            };
+            let mut request = request.value("jobID", id);
+            if let Some(data) = data {
+                request = request.json("data", data)?;
+            }
+            self.job_command(request, id).await
+        })
+    }
+
+    /// CreateJob with every option the job sets.
+    fn create<'a>(&'a self, job: &'a CreateJob) -> BoxFuture<'a, Result<JobId, SourceError>> {
+        Box::pin(async move {
+            let mut request = Request::new("CreateJob")
+                .text("name", &job.name)
+                .json("data", &job.data)?;
+            if let Some(repeat) = &job.repeat {
+                request = request.text("repeat", &repeat.text);
+            }
+            if let Some(priority) = job.priority {
+                request = request.value("jobPriority", priority.value());
+            }
+            if let Some(first_run) = job.first_run {
+                request = request.value("firstRun", first_run);
+            }
+            if let Some(retry_after) = &job.retry_after {
+                request = request.text("retryAfter", &retry_after.text);
+            }
+            if let Some(parent) = job.parent_id {
+                request = request.value("parentJobID", parent);
+            }
+            let request = request
+                .value("unique", job.unique)
+                .value("overwrite", job.overwrite);
+            let response = self.call(&request, COMMAND_TIMEOUT).await?;
+            if !(200..=299).contains(&response.code) {
+                return Err(self.failure(&format!("CreateJob {:?}", job.name), &response));
+            }
+            let answer: Value = serde_json::from_slice(&response.body).unwrap_or_default();
+            answer
+                .get("jobID")
+                .and_then(|id| {
+                    id.as_i64()
+                        .or_else(|| id.as_str().and_then(|s| s.parse().ok()))
+                })
+                .ok_or_else(|| {
+                    SourceError::Protocol(format!(
+                        "CreateJob answer without a jobID: {}",
+                        String::from_utf8_lossy(&response.body[..response.body.len().min(200)])
+                    ))
+                })
+        })
+    }
+
+    /// QueryJob: `404` means no.
+    fn exists<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<bool, SourceError>> {
+        Box::pin(async move {
+            let request = Request::new("QueryJob").value("jobID", id);
+            let response = self.call(&request, COMMAND_TIMEOUT).await?;
+            match response.code {
+                200..=299 => Ok(true),
+                404 => Ok(false),
+                _ => Err(self.failure(&format!("QueryJob of job {id}"), &response)),
+            }
+        })
+    }
+
+    /// DeleteJob.
+    fn delete<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            self.job_command(Request::new("DeleteJob").value("jobID", id), id)
+                .await
+        })
+    }
+
+    fn fetch_mode(&self) -> FetchMode {
+        lock(&self.inner.fetch).mode
+    }
+
+    fn describe(&self) -> String {
+        format!("bedrock://{}", self.inner.addr)
+    }
+}
+
+/// Reads the jobs of a GetJobs answer.
+fn parse_jobs(body: &[u8]) -> Result<Vec<LeasedJob>, SourceError> {
+    let answer: Value = serde_json::from_slice(body).map_err(|error| {
+        SourceError::Protocol(format!(
+            "GetJobs answer is not JSON ({error}): {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        ))
+    })?;
+    let Some(jobs) = answer.get("jobs").and_then(Value::as_array) else {
+        return Err(SourceError::Protocol(format!(
+            "GetJobs answer without jobs: {answer}"
+        )));
+    };
+    jobs.iter()
+        .map(|job| match job {
+            Value::Object(map) => LeasedJob::from_handout(map.clone()),
+            other => Err(SourceError::Protocol(format!(
+                "job is not an object: {other}"
+            ))),
+        })
+        .collect()
+}
+
+/// A request being built: the method and its header lines.
+#[derive(Debug, Clone)]
+struct Request {
+    method: &'static str,
+    lines: String,
+}
+
+impl Request {
+    fn new(method: &'static str) -> Self {
+        Request {
+            method,
+            lines: String::new(),
+        }
+    }
+
+    /// A header whose value cannot hold a line break (numbers, fixed words).
+    fn value(mut self, name: &str, value: impl fmt::Display) -> Self {
+        self.lines.push_str(&format!("{name}: {value}\r\n"));
+        self
+    }
+
+    /// A text header, backslash-escaped so that line breaks survive.
+    fn text(self, name: &str, value: &str) -> Self {
+        let escaped = escape(value);
+        self.value(name, escaped)
+    }
+
+    /// A JSON header, sent compact. Compact JSON escapes every control
+    /// character, so a line break in it would be a bug; it is refused.
+    fn json(self, name: &str, data: &Data) -> Result<Self, SourceError> {
+        let text = serde_json::to_string(data).map_err(|error| {
+            SourceError::Refused(format!("{name} cannot be written as JSON: {error}"))
+        })?;
+        if text.contains(['\r', '\n']) {
+            return Err(SourceError::Refused(format!(
+                "{name} would carry a line break in its header"
+            )));
+        }
+        Ok(self.value(name, text))
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        format!("{}\r\n{}\r\n", self.method, self.lines).into_bytes()
+    }
+}
+
+/// Bedrock's header escapes for a text value: `\\`, `\r`, `\n`.
+fn escape(value: &str) -> Cow<'_, str> {
+    if !value.contains(['\\', '\r', '\n']) {
+        return Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\r' => out.push_str("\\r"),
+            '\n' => out.push_str("\\n"),
+            other => out.push(other),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// One answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Response {
+    /// The status code, 100..=599.
+    code: u16,
+    /// The whole status line, e.g. `404 No job found`.
+    status_line: String,
+    /// Headers by lower-cased name; a later duplicate replaces an earlier one.
+    headers: HashMap<String, String>,
+    /// Exactly `Content-Length` bytes.
+    body: Vec<u8>,
+}
+
+impl Response {
+    /// Whether the connection may carry another request.
+    fn keeps_alive(&self) -> bool {
+        !self
+            .headers
+            .get("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+    }
+}
+
+/// The status line and headers of an answer, and its body's length.
+#[derive(Debug)]
+struct Head {
+    code: u16,
+    status_line: String,
+    headers: HashMap<String, String>,
+    content_length: usize,
+}
+
+/// Why an exchange on a connection failed.
+#[derive(Debug, Error)]
+enum ExchangeError {
+    /// The server closed the connection.
+    #[error("connection closed by the server{}", if *.partial { " in the middle of an answer" } else { "" })]
+    Closed {
+        /// Whether part of an answer had arrived.
+        partial: bool,
+    },
+    /// Sending or receiving failed.
+    #[error("{what} failed: {error}")]
+    Io {
+        /// `sending` or `receiving`.
+        what: &'static str,
+        /// The error.
+        error: std::io::Error,
+        /// Whether part of an answer had arrived.
+        partial: bool,
+    },
+    /// Nothing happened in time.
+    #[error("{what} timed out after {after:?}")]
+    TimedOut {
+        /// `sending` or `the answer`.
+        what: &'static str,
+        /// The time limit.
+        after: Duration,
+    },
+    /// The answer cannot be read.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl ExchangeError {
+    /// Whether the server sent nothing back before the connection broke: on a
+    /// pooled connection, the mark of one the server had already closed.
+    fn nothing_received(&self) -> bool {
+        match self {
+            ExchangeError::Closed { partial } | ExchangeError::Io { partial, .. } => !partial,
+            ExchangeError::TimedOut { .. } | ExchangeError::Protocol(_) => false,
+        }
+    }
+}
+
+/// One TCP connection to the server, with what it has read beyond the last
+/// answer.
+struct Connection {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// Whether it came from the pool (and so may have been closed meanwhile).
+    reused: bool,
+}
+
+impl Connection {
+    async fn open(addr: &str) -> Result<Self, SourceError> {
+        let stream = match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Err(_) => {
+                return Err(SourceError::Unavailable(format!(
+                    "connecting to bedrock://{addr} timed out after {CONNECT_TIMEOUT:?}"
+                )));
+            }
+            Ok(Err(error)) => {
+                return Err(SourceError::Unavailable(format!(
+                    "cannot connect to bedrock://{addr}: {error}"
+                )));
+            }
+            Ok(Ok(stream)) => stream,
+        };
+        let _ = stream.set_nodelay(true);
+        Ok(Connection {
+            stream,
+            buf: Vec::new(),
+            reused: false,
+        })
+    }
+
+    /// Whether the server has not closed it (nor sent anything unasked).
+    fn looks_open(&self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// Sends `request` and reads one answer.
+    async fn exchange(
+        &mut self,
+        request: &[u8],
+        read_timeout: Duration,
+    ) -> Result<Response, ExchangeError> {
+        match timeout(WRITE_TIMEOUT, self.stream.write_all(request)).await {
+            Err(_) => {
+                return Err(ExchangeError::TimedOut {
+                    what: "sending",
+                    after: WRITE_TIMEOUT,
+                });
+            }
+            Ok(Err(error)) => {
+                return Err(ExchangeError::Io {
+                    what: "sending",
+                    error,
+                    partial: false,
+                });
+            }
+            Ok(Ok(())) => {}
+        }
+        read_response(&mut self.stream, &mut self.buf, read_timeout).await
+    }
+}
+
+/// Reads one answer from `stream` within `limit`, starting with whatever is
+/// already in `buf`; bytes after the answer stay in `buf`.
+async fn read_response<R: AsyncRead + Unpin>(
+    stream: &mut R,
+    buf: &mut Vec<u8>,
+    limit: Duration,
+) -> Result<Response, ExchangeError> {
+    let deadline = Instant::now() + limit;
+    let (head, head_len) = loop {
+        if let Some(found) = parse_head(buf).map_err(ExchangeError::Protocol)? {
+            break found;
+        }
+        read_more(stream, buf, deadline, limit).await?;
+    };
+    let end = head_len + head.content_length;
+    while buf.len() < end {
+        read_more(stream, buf, deadline, limit).await?;
+    }
+    let body = buf[head_len..end].to_vec();
+    buf.drain(..end);
+    Ok(Response {
+        code: head.code,
+        status_line: head.status_line,
+        headers: head.headers,
+        body,
+    })
+}
+
+/// Appends what arrives next to `buf`, by `deadline`.
+async fn read_more<R: AsyncRead + Unpin>(
+    stream: &mut R,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+    limit: Duration,
+) -> Result<(), ExchangeError> {
+    buf.reserve(16 * 1024);
+    let partial = !buf.is_empty();
+    match timeout_at(deadline, stream.read_buf(buf)).await {
+        Err(_) => Err(ExchangeError::TimedOut {
+            what: "the answer",
+            after: limit,
+        }),
+        Ok(Err(error)) => Err(ExchangeError::Io {
+            what: "receiving",
+            error,
+            partial,
+        }),
+        Ok(Ok(0)) => Err(ExchangeError::Closed { partial }),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
+/// Reads a status line and headers from the front of `buf`: `Ok(None)` until
+/// they are complete. Blank lines before the status line are skipped; `\r\n`
+/// and bare `\n` both end a line. Without `Content-Length` there is no body.
+fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, String> {
+    let mut pos = 0;
+    let mut status: Option<(u16, String)> = None;
+    let mut headers = HashMap::new();
+    loop {
+        let Some(end) = buf[pos..].iter().position(|&b| b == b'\n') else {
+            if buf.len() > MAX_HEAD {
+                return Err(format!("status line and headers exceed {MAX_HEAD} bytes"));
+            }
+            return Ok(None);
+        };
+        let line = &buf[pos..pos + end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        pos += end + 1;
+        if pos > MAX_HEAD {
+            return Err(format!("status line and headers exceed {MAX_HEAD} bytes"));
+        }
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim();
+        if status.is_none() {
+            if !text.is_empty() {
+                status = Some(parse_status(text)?);
+            }
+            continue;
+        }
+        if text.is_empty() {
+            break;
+        }
+        let Some((name, value)) = text.split_once(':') else {
+            return Err(format!("header line without a colon: {:?}", clip(text)));
+        };
+        if headers.len() >= MAX_HEADERS {
+            return Err(format!("more than {MAX_HEADERS} headers"));
+        }
+        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+    }
+    let content_length = match headers.get("content-length") {
+        None => 0,
+        Some(text) => text
+            .parse::<usize>()
+            .map_err(|_| format!("Content-Length is not a number: {:?}", clip(text)))?,
+    };
+    if content_length > MAX_BODY {
+        return Err(format!(
+            "answer of {content_length} bytes is over the {MAX_BODY}-byte limit"
+        ));
+    }
+    let (code, status_line) = status.unwrap_or_default();
+    Ok(Some((
+        Head {
+            code,
+            status_line,
+            headers,
+            content_length,
+        },
+        pos,
+    )))
+}
+
+/// `NNN message`: three digits from 100 to 599, then nothing or a space.
+fn parse_status(line: &str) -> Result<(u16, String), String> {
+    let bytes = line.as_bytes();
+    let well_formed = bytes.len() >= 3
+        && bytes[..3].iter().all(u8::is_ascii_digit)
+        && bytes.get(3).is_none_or(|&b| b == b' ' || b == b'\t');
+    let code = well_formed.then(|| line[..3].parse::<u16>().ok()).flatten();
+    match code {
+        Some(code) if (100..=599).contains(&code) => Ok((code, line.to_string())),
+        _ => Err(format!("not a status line: {:?}", clip(line))),
+    }
+}
+
+/// The start of `text`, for error messages.
+fn clip(text: &str) -> &str {
+    match text.char_indices().nth(80) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::ReadBuf;
+
+    use super::*;
+
+    /// Hands out its bytes `step` at a time, then end of file.
+    struct Trickle {
+        data: Vec<u8>,
+        pos: usize,
+        step: usize,
+    }
+
+    impl Trickle {
+        fn new(data: &[u8], step: usize) -> Self {
+            Trickle {
+                data: data.to_vec(),
+                pos: 0,
+                step,
+            }
+        }
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let n = self
+                .step
+                .min(self.data.len() - self.pos)
+                .min(buf.remaining());
+            let start = self.pos;
+            buf.put_slice(&self.data[start..start + n]);
+            self.pos += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    async fn read_all(data: &[u8], step: usize) -> Result<Response, ExchangeError> {
+        read_response(
+            &mut Trickle::new(data, step),
+            &mut Vec::new(),
+            Duration::from_secs(5),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn reads_an_answer_split_into_single_bytes() {
+        let body = br#"{"jobs":[{"jobID":7,"name":"a","data":{}}]}"#;
+        let mut bytes = format!("200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+        bytes.extend_from_slice(body);
+        let response = read_all(&bytes, 1).await.expect("answer");
+        assert_eq!(response.code, 200);
+        assert_eq!(response.status_line, "200 OK");
+        assert_eq!(response.body, body);
+        let jobs = parse_jobs(&response.body).expect("jobs");
+        assert_eq!(
+            (jobs[0].id, jobs[0].attempt, jobs[0].lease.clone()),
+            (7, 1, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn leaves_the_next_answer_in_the_buffer() {
+        let bytes = b"404 No job found\nContent-Length: 0\n\n200 OK\r\ncontent-length: 2\r\nX-Extra:  y \r\n\r\n{}";
+        let mut stream = Trickle::new(bytes, 7);
+        let mut buf = Vec::new();
+        let first = read_response(&mut stream, &mut buf, Duration::from_secs(5))
+            .await
+            .expect("first");
+        assert_eq!(
+            (first.code, first.status_line.as_str(), first.body.len()),
+            (404, "404 No job found", 0)
+        );
+        let second = read_response(&mut stream, &mut buf, Duration::from_secs(5))
+            .await
+            .expect("second");
+        assert_eq!(
+            (second.code, second.body.as_slice()),
+            (200, b"{}".as_slice())
+        );
+        assert_eq!(second.headers.get("x-extra").map(String::as_str), Some("y"));
+        assert!(buf.is_empty(), "nothing left over: {buf:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_content_length_has_no_body() {
+        let mut stream = Trickle::new(b"404 No job found\r\n\r\n405 Not held\r\n\r\n", 3);
+        let mut buf = Vec::new();
+        let first = read_response(&mut stream, &mut buf, Duration::from_secs(5))
+            .await
+            .expect("first");
+        assert_eq!((first.code, first.body.len()), (404, 0));
+        let second = read_response(&mut stream, &mut buf, Duration::from_secs(5))
+            .await
+            .expect("second");
+        assert_eq!(second.status_line, "405 Not held");
+    }
+
+    #[tokio::test]
+    async fn refuses_an_oversize_answer_before_reading_its_body() {
+        let bytes = format!("200 OK\r\nContent-Length: {}\r\n\r\n{{}}", MAX_BODY + 1);
+        match read_all(bytes.as_bytes(), 4096).await {
+            Err(ExchangeError::Protocol(message)) => {
+                assert!(message.contains("limit"), "{message}")
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        let endless = vec![b'x'; MAX_HEAD + 10];
+        let mut with_status = b"200 OK\r\nX: ".to_vec();
+        with_status.extend_from_slice(&endless);
+        for bytes in [endless, with_status] {
+            assert!(matches!(
+                read_all(&bytes, 1024).await,
+                Err(ExchangeError::Protocol(_))
+            ));
+        }
+        let mut many = b"200 OK\r\n".to_vec();
+        for i in 0..=MAX_HEADERS {
+            many.extend_from_slice(format!("h{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        assert!(matches!(
+            read_all(&many, 1024).await,
+            Err(ExchangeError::Protocol(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn refuses_garbage_status_lines_and_headers() {
+        for bytes in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..],
+            b"hello\r\n\r\n",
+            b"20 OK\r\n\r\n",
+            b"2000 OK\r\n\r\n",
+            b"099 Too low\r\n\r\n",
+            b"600 Too high\r\n\r\n",
+            b"200OK\r\n\r\n",
+            b"200 OK\r\nno colon\r\n\r\n",
+            b"200 OK\r\nContent-Length: -1\r\n\r\n",
+            b"200 OK\r\nContent-Length: ten\r\n\r\n",
+        ] {
+            match read_all(bytes, 5).await {
+                Err(ExchangeError::Protocol(_)) => {}
+                other => panic!("{:?} gave {other:?}", String::from_utf8_lossy(bytes)),
+            }
+        }
+        let bare = read_all(b"\r\n\r\n200\r\n\r\n", 5)
+            .await
+            .expect("bare code");
+        assert_eq!(bare.code, 200);
+    }
+
+    #[tokio::test]
+    async fn a_close_says_whether_part_of_an_answer_had_come() {
+        let nothing = read_all(b"", 5).await.expect_err("closed");
+        assert!(
+            matches!(nothing, ExchangeError::Closed { partial: false }),
+            "{nothing:?}"
+        );
+        assert!(nothing.nothing_received());
+        let cut = read_all(b"200 OK\r\nContent-Length: 10\r\n\r\nabc", 5)
+            .await
+            .expect_err("cut");
+        assert!(
+            matches!(cut, ExchangeError::Closed { partial: true }),
+            "{cut:?}"
+        );
+        assert!(!cut.nothing_received());
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out() {
+        let (mut client, _server) = tokio::io::duplex(64);
+        let error = read_response(&mut client, &mut Vec::new(), Duration::from_millis(50))
+            .await
+            .expect_err("timeout");
+        assert!(matches!(error, ExchangeError::TimedOut { .. }), "{error:?}");
+        assert!(!error.nothing_received(), "a timeout is not retried");
+    }
+
+    #[test]
+    fn requests_never_carry_a_line_break_in_a_value() {
+        let mut data = Data::new();
+        data.insert(
+            "msg".into(),
+            Value::String("one\r\ntwo \\ \"three\"".into()),
+        );
+        let request = Request::new("UpdateJob")
+            .value("jobID", 5)
+            .text("name", "a\nb\\c")
+            .json("data", &data)
+            .expect("json");
+        let text = String::from_utf8(request.encode()).expect("utf-8");
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        assert_eq!(
+            lines,
+            [
+                "UpdateJob",
+                "jobID: 5",
+                "name: a\\nb\\\\c",
+                r#"data: {"msg":"one\r\ntwo \\ \"three\""}"#,
+                "",
+                ""
+            ]
+        );
+        assert_eq!(
+            crate::server::bedrock::frame::unescape("a\\nb\\\\c"),
+            "a\nb\\c"
+        );
+        assert_eq!(escape("plain/name*"), "plain/name*");
+    }
+
+    #[test]
+    fn addresses_are_checked_and_described() {
+        let source = BedrockSource::new("127.0.0.1:8888").expect("plain");
+        assert_eq!(source.describe(), "bedrock://127.0.0.1:8888");
+        let prefixed = BedrockSource::new("bedrock://db.example:9999").expect("prefixed");
+        assert_eq!(prefixed.describe(), "bedrock://db.example:9999");
+        assert_eq!(
+            BedrockSource::new("[::1]:8888").expect("v6").describe(),
+            "bedrock://[::1]:8888"
+        );
+        for bad in [
+            "",
+            "host",
+            "host:",
+            ":8888",
+            "host:99999",
+            "host:0",
+            "host:port",
+            "a b:1",
+            "h/x:1",
+        ] {
+            assert!(
+                matches!(BedrockSource::new(bad), Err(SourceError::Refused(_))),
+                "{bad:?} should be refused"
+            );
+        }
+        assert_eq!(source.fetch_mode(), FetchMode::Blocking);
+    }
+
+    #[test]
+    fn the_mode_follows_how_fast_404s_come() {
+        let source = BedrockSource::new("127.0.0.1:1").expect("source");
+        source.judge(Duration::from_millis(500), Duration::ZERO);
+        assert_eq!(
+            source.fetch_mode(),
+            FetchMode::Blocking,
+            "short waits tell nothing"
+        );
+        source.judge(Duration::from_secs(30), Duration::from_millis(5));
+        assert_eq!(source.fetch_mode(), FetchMode::Polling);
+        source.back_off();
+        source.back_off();
+        source.back_off();
+        source.back_off();
+        source.back_off();
+        assert_eq!(lock(&source.inner.fetch).backoff, MAX_BACKOFF);
+        let pause = source.pause();
+        assert!(
+            pause >= MAX_BACKOFF.mul_f64(0.8) && pause <= MAX_BACKOFF.mul_f64(1.2),
+            "{pause:?}"
+        );
+        source.job_arrived();
+        assert_eq!(lock(&source.inner.fetch).backoff, FIRST_BACKOFF);
+        source.judge(Duration::from_secs(30), Duration::from_millis(1500));
+        assert_eq!(source.fetch_mode(), FetchMode::Blocking);
+    }
+
+    #[test]
+    fn status_classes_map_to_errors() {
+        let source = BedrockSource::new("127.0.0.1:1").expect("source");
+        let answer = |line: &str| Response {
+            code: line[..3].parse().expect("code"),
+            status_line: line.into(),
+            headers: HashMap::new(),
+            body: Vec::new(),
+        };
+        assert!(matches!(
+            source.failure("x", &answer("404 No job")),
+            SourceError::Refused(_)
+        ));
+        assert!(matches!(
+            source.failure("x", &answer("405 Not held")),
+            SourceError::Refused(_)
+        ));
+        assert!(matches!(
+            source.failure("x", &answer("503 Busy")),
+            SourceError::Unavailable(_)
+        ));
+        assert!(matches!(
+            source.failure("x", &answer("302 Elsewhere")),
+            SourceError::Protocol(_)
+        ));
+        assert!(answer("200 OK").keeps_alive());
+        let mut closing = answer("200 OK");
+        closing.headers.insert("connection".into(), "Close".into());
+        assert!(!closing.keeps_alive());
+    }
+}

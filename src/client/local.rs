@@ -1,0 +1,150 @@
+//! [`JobSource`] in-process, straight onto the embedded server's queue.
+
+use std::time::Duration;
+
+use super::source::{JobSource, LeasedJob, Report, SourceError};
+use crate::protocol::{
+    CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
+    RetryJob, UpdateJob,
+};
+use crate::server::queue::Queue;
+use crate::server::store::BoxFuture;
+
+/// The embedded server's queue.
+#[derive(Clone)]
+pub struct LocalSource {
+    queue: Queue,
+}
+
+impl LocalSource {
+    /// A source over `queue`.
+    pub fn new(queue: Queue) -> Self {
+        LocalSource { queue }
+    }
+}
+
+fn source_error(error: JobError) -> SourceError {
+    match error {
+        JobError::LeaseLost(id) => SourceError::LeaseLost(id),
+        JobError::Store(_) | JobError::ShuttingDown => SourceError::Unavailable(error.to_string()),
+        other => SourceError::Refused(other.status_line()),
+    }
+}
+
+impl JobSource for LocalSource {
+    fn get_jobs<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: usize,
+        wait: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
+        Box::pin(async move {
+            let pattern = NamePattern::parse(pattern).map_err(source_error)?;
+            let cmd = GetJobs {
+                pattern,
+                num_results: count.max(1),
+                priority: None,
+                lease: LeaseTerm::Millis(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
+            };
+            let wait = (!wait.is_zero()).then_some(wait);
+            let handouts = self.queue.get_jobs(cmd, wait).await.map_err(source_error)?;
+            handouts
+                .into_iter()
+                .map(|h| LeasedJob::from_handout(h.leased_json()))
+                .collect()
+        })
+    }
+
+    fn heartbeat<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let Some(lease) = &job.lease else {
+                return Ok(());
+            };
+            self.queue
+                .heartbeat(job.id, lease.clone())
+                .await
+                .map(|_| ())
+                .map_err(source_error)
+        })
+    }
+
+    fn update<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        data: &'a Data,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let cmd = UpdateJob {
+                id: job.id,
+                data: data.clone(),
+                repeat: None,
+                clear_repeat: false,
+                priority: None,
+                next_run: None,
+            };
+            self.queue.update(cmd).await.map_err(source_error)
+        })
+    }
+
+    fn report<'a>(
+        &'a self,
+        id: JobId,
+        lease: Option<&'a str>,
+        report: &'a Report,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let lease = lease.map(str::to_string);
+            let result = match report {
+                Report::Finish { data } => {
+                    self.queue
+                        .finish(FinishJob {
+                            id,
+                            data: data.clone(),
+                            lease,
+                        })
+                        .await
+                }
+                Report::Fail { data } => {
+                    self.queue
+                        .fail(FailJob {
+                            id,
+                            data: data.clone(),
+                            lease,
+                        })
+                        .await
+                }
+                Report::Retry { delay_secs, data } => {
+                    let mut cmd = RetryJob::now(id);
+                    cmd.delay_secs = *delay_secs;
+                    cmd.data = data.clone();
+                    cmd.lease = lease;
+                    self.queue.retry(cmd).await
+                }
+            };
+            result.map_err(source_error)
+        })
+    }
+
+    fn create<'a>(&'a self, job: &'a CreateJob) -> BoxFuture<'a, Result<JobId, SourceError>> {
+        Box::pin(async move { self.queue.create(job.clone()).await.map_err(source_error) })
+    }
+
+    fn exists<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<bool, SourceError>> {
+        Box::pin(async move {
+            match self.queue.query(id).await {
+                Ok(_) => Ok(true),
+                Err(JobError::NoSuchJob) => Ok(false),
+                Err(error) => Err(source_error(error)),
+            }
+        })
+    }
+
+    fn delete<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move { self.queue.delete(id).await.map_err(source_error) })
+    }
+
+    fn describe(&self) -> String {
+        "embedded server".into()
+    }
+}

@@ -1,0 +1,213 @@
+//! "A job source": what the supervisor needs from a job server, whatever it
+//! speaks. Take due jobs (waiting for them), renew leases, forward progress,
+//! and report outcomes. Implemented over HTTP ([`super::HttpSource`]), over
+//! Bedrock's protocol ([`super::BedrockSource`]), and in-process
+//! ([`super::LocalSource`]) for the embedded server.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+use crate::protocol::{CreateJob, Data, JobId};
+use crate::server::store::BoxFuture;
+
+/// A job handed to this supervisor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeasedJob {
+    /// Its id.
+    pub id: JobId,
+    /// Its name.
+    pub name: String,
+    /// Its data.
+    pub data: Data,
+    /// The whole object the server handed out: what the worker reads on
+    /// stdin.
+    pub handout: Map<String, Value>,
+    /// The lease token, when the server gives one.
+    pub lease: Option<String>,
+    /// Which hand-out of the job this is, from 1.
+    pub attempt: i64,
+}
+
+impl LeasedJob {
+    /// Reads a hand-out object (GetJob's answer, with or without the lease
+    /// fields of the HTTP dequeue).
+    pub fn from_handout(handout: Map<String, Value>) -> Result<Self, SourceError> {
+        let id = handout
+            .get("jobID")
+            .and_then(|v| {
+                v.as_i64()
+                    .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            })
+            .filter(|&id| id > 0)
+            .ok_or_else(|| {
+                SourceError::Protocol(format!(
+                    "hand-out without a jobID: {}",
+                    Value::Object(handout.clone())
+                ))
+            })?;
+        let name = handout
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let data = match handout.get("data") {
+            Some(Value::Object(data)) => data.clone(),
+            Some(Value::String(text)) => serde_json::from_str(text).unwrap_or_default(),
+            _ => Data::new(),
+        };
+        let lease = handout
+            .get("lease")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
+        let attempt = handout.get("attempt").and_then(Value::as_i64).unwrap_or(1);
+        Ok(LeasedJob {
+            id,
+            name,
+            data,
+            handout,
+            lease,
+            attempt,
+        })
+    }
+}
+
+/// How a job ended, as reported to the server.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Report {
+    /// FinishJob, with new data when the worker gave some.
+    Finish {
+        /// The new data.
+        data: Option<Data>,
+    },
+    /// RetryJob after `delay_secs`.
+    Retry {
+        /// Seconds to wait.
+        delay_secs: i64,
+        /// The new data.
+        data: Option<Data>,
+    },
+    /// FailJob.
+    Fail {
+        /// The new data.
+        data: Option<Data>,
+    },
+}
+
+impl Report {
+    /// `finish`, `retry` or `fail`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Report::Finish { .. } => "finish",
+            Report::Retry { .. } => "retry",
+            Report::Fail { .. } => "fail",
+        }
+    }
+}
+
+/// Why a call to the job source did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SourceError {
+    /// The server could not be reached or failed; worth trying again later.
+    #[error("job server unavailable: {0}")]
+    Unavailable(String),
+    /// The lease was lost: the job is no longer ours. Stop and discard.
+    #[error("lease lost on job {0}")]
+    LeaseLost(JobId),
+    /// The server refused the call for good (the job is gone, not held, …).
+    #[error("job server refused: {0}")]
+    Refused(String),
+    /// The server answered something this client cannot read.
+    #[error("job server answered something unreadable: {0}")]
+    Protocol(String),
+}
+
+impl SourceError {
+    /// Whether trying the same call again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SourceError::Unavailable(_))
+    }
+}
+
+/// Whether a source waits for jobs or has to be polled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchMode {
+    /// The server holds the request until a job is due.
+    Blocking,
+    /// The server answers at once; the caller polls with backoff.
+    Polling,
+}
+
+/// A job server as the supervisor sees it.
+pub trait JobSource: Send + Sync {
+    /// Takes up to `count` due jobs matching `pattern`, waiting up to `wait`
+    /// for one, each leased for `lease` where the server supports leases.
+    /// Dropping the future before it resolves must not strand jobs.
+    fn get_jobs<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: usize,
+        wait: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>>;
+
+    /// Renews a job's lease. `Ok(())` also when the server has no leases.
+    fn heartbeat<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>>;
+
+    /// Replaces a running job's data (progress).
+    fn update<'a>(
+        &'a self,
+        job: &'a LeasedJob,
+        data: &'a Data,
+    ) -> BoxFuture<'a, Result<(), SourceError>>;
+
+    /// Reports how a job ended, under the lease it was handed out with.
+    fn report<'a>(
+        &'a self,
+        id: JobId,
+        lease: Option<&'a str>,
+        report: &'a Report,
+    ) -> BoxFuture<'a, Result<(), SourceError>>;
+
+    /// Creates a job (used to declare recurring jobs from configuration).
+    fn create<'a>(&'a self, job: &'a CreateJob) -> BoxFuture<'a, Result<JobId, SourceError>> {
+        let _ = job;
+        Box::pin(async {
+            Err(SourceError::Refused(
+                "this job source cannot create jobs".into(),
+            ))
+        })
+    }
+
+    /// Whether a job exists.
+    fn exists<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<bool, SourceError>> {
+        let _ = id;
+        Box::pin(async {
+            Err(SourceError::Refused(
+                "this job source cannot query jobs".into(),
+            ))
+        })
+    }
+
+    /// Deletes a job.
+    fn delete<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<(), SourceError>> {
+        let _ = id;
+        Box::pin(async {
+            Err(SourceError::Refused(
+                "this job source cannot delete jobs".into(),
+            ))
+        })
+    }
+
+    /// Whether the last [`JobSource::get_jobs`] showed the server blocking or
+    /// answering at once.
+    fn fetch_mode(&self) -> FetchMode {
+        FetchMode::Blocking
+    }
+
+    /// A short description for logs, e.g. `http://127.0.0.1:8889`.
+    fn describe(&self) -> String;
+}

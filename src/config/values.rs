@@ -1,0 +1,165 @@
+//! Value types shared by command-line flags and configuration files:
+//! durations (`30s`, `5m`), byte sizes (`128MiB`), and `NAME=VALUE` pairs.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// A duration written as `250ms`, `30s`, `5m`, `1h 30m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(s.trim())
+            .map(HumanDuration)
+            .map_err(|e| format!("{s:?} is not a duration ({e}); write e.g. 30s, 5m, 1h"))
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+/// A size in bytes, written as `65536`, `64KiB`, `128MiB`, `1GiB` (or
+/// `KB`/`MB`/`GB`, taken as powers of 1024 too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let text = s.trim();
+        let split = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let bad = || format!("{s:?} is not a size; write e.g. 65536, 64KiB, 128MiB, 1GiB");
+        let number: u64 = number.parse().map_err(|_| bad())?;
+        let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            _ => return Err(bad()),
+        };
+        number.checked_mul(factor).map(ByteSize).ok_or_else(bad)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(ByteSize(n)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        if n >= 1 << 30 && n % (1 << 30) == 0 {
+            write!(f, "{}GiB", n >> 30)
+        } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+            write!(f, "{}MiB", n >> 20)
+        } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+            write!(f, "{}KiB", n >> 10)
+        } else {
+            write!(f, "{n}")
+        }
+    }
+}
+
+/// An environment variable for workers, `NAME=VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvPair(pub String, pub String);
+
+impl FromStr for EnvPair {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, value) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?} is not NAME=VALUE"))?;
+        check_env_name(name)?;
+        Ok(EnvPair(name.to_string(), value.to_string()))
+    }
+}
+
+/// Checks an environment variable name: letters, digits and `_`, not
+/// starting with a digit.
+pub fn check_env_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name:?} is not an environment variable name"))
+    }
+}
+
+/// Reads a TOML table of `NAME = "VALUE"` as pairs.
+pub fn env_table<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<EnvPair>>, D::Error> {
+    let table = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+    table
+        .into_iter()
+        .map(|(name, value)| check_env_name(&name).map(|()| EnvPair(name, value)))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_parse() {
+        assert_eq!("128MiB".parse::<ByteSize>(), Ok(ByteSize(128 << 20)));
+        assert_eq!("64 KiB".parse::<ByteSize>(), Ok(ByteSize(64 << 10)));
+        assert_eq!("100".parse::<ByteSize>(), Ok(ByteSize(100)));
+        assert!("12 parsecs".parse::<ByteSize>().is_err());
+        assert!("-1".parse::<ByteSize>().is_err());
+        assert_eq!(
+            "1m 30s".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(90)
+        );
+        assert!("soon".parse::<HumanDuration>().is_err());
+        assert_eq!(ByteSize(128 << 20).to_string(), "128MiB");
+    }
+
+    #[test]
+    fn env_pairs_are_checked() {
+        assert_eq!(
+            "A_1=x=y".parse::<EnvPair>(),
+            Ok(EnvPair("A_1".into(), "x=y".into()))
+        );
+        assert!("1A=x".parse::<EnvPair>().is_err());
+        assert!("NOVALUE".parse::<EnvPair>().is_err());
+        assert!("A-B=1".parse::<EnvPair>().is_err());
+    }
+}

@@ -1,0 +1,363 @@
+//! The Jobs commands as Bedrock clients send them: parameters as header
+//! values (or fields of a JSON body), answers as a status line and a JSON
+//! object. Each command is checked with the same rules as the HTTP API and
+//! run on the same queue.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use super::frame::Request;
+use crate::protocol::view::HandOut;
+use crate::protocol::{
+    CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
+    Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, UpdateJob, check_name, parse_data,
+    parse_flag, parse_job_id, parse_job_ids, parse_num_results, parse_time,
+};
+use crate::server::queue::Queue;
+
+/// The longest a `Connection: wait` GetJob is held: one hour.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// A command's answer: a status line and a body (empty on errors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// E.g. `200 OK` or `404 No job found`.
+    pub status_line: String,
+    /// The JSON body, or empty.
+    pub body: String,
+    /// Jobs handed out by this answer, to put back if it cannot be delivered.
+    pub handouts: Vec<HandOut>,
+}
+
+impl Answer {
+    fn ok(body: Value) -> Self {
+        Answer {
+            status_line: "200 OK".into(),
+            body: body.to_string(),
+            handouts: Vec::new(),
+        }
+    }
+
+    fn empty() -> Self {
+        Answer {
+            status_line: "200 OK".into(),
+            body: String::new(),
+            handouts: Vec::new(),
+        }
+    }
+
+    /// The answer for an error.
+    pub fn error(error: &JobError) -> Self {
+        Answer {
+            status_line: error.status_line(),
+            body: String::new(),
+            handouts: Vec::new(),
+        }
+    }
+}
+
+/// A request's parameters: headers first, then fields of a JSON object body.
+struct Params<'a> {
+    request: &'a Request,
+    body: Option<Map<String, Value>>,
+}
+
+impl<'a> Params<'a> {
+    fn new(request: &'a Request) -> Self {
+        let body = (!request.body.is_empty())
+            .then(|| serde_json::from_slice::<Value>(&request.body).ok())
+            .flatten()
+            .and_then(|v| match v {
+                Value::Object(map) => Some(map),
+                _ => None,
+            });
+        Params { request, body }
+    }
+
+    fn body_field(&self, name: &str) -> Option<String> {
+        let value = self
+            .body
+            .as_ref()?
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))?
+            .1;
+        Some(match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    }
+
+    /// A text parameter, unescaped; empty counts as absent.
+    fn text(&self, name: &str) -> Option<String> {
+        self.request
+            .header(name)
+            .or_else(|| self.body_field(name))
+            .filter(|v| !v.is_empty())
+    }
+
+    /// A JSON parameter's text: as sent, or unescaped when only that parses.
+    fn json_text(&self, name: &str) -> Option<String> {
+        match self.request.raw_header(name) {
+            Some("") => None,
+            Some(raw) if serde_json::from_str::<Value>(raw).is_ok() => Some(raw.to_string()),
+            Some(_) => self.request.header(name),
+            None => self.body_field(name).filter(|v| !v.is_empty()),
+        }
+    }
+
+    fn job_id(&self) -> Result<JobId, JobError> {
+        parse_job_id("jobID", &self.text("jobID").unwrap_or_default())
+    }
+
+    fn data(&self) -> Result<Option<Data>, JobError> {
+        self.json_text("data").map(|d| parse_data(&d)).transpose()
+    }
+
+    fn priority(&self) -> Result<Option<Priority>, JobError> {
+        self.text("jobPriority")
+            .or_else(|| self.text("priority"))
+            .map(|p| Priority::parse(&p))
+            .transpose()
+    }
+
+    fn flag(&self, name: &'static str) -> Result<bool, JobError> {
+        self.text(name)
+            .map(|v| parse_flag(name, &v))
+            .transpose()
+            .map(|v| v.unwrap_or(false))
+    }
+}
+
+/// Runs one request. `wait_allowed` is false for `Connection: forget`.
+pub async fn run(queue: &Queue, request: &Request) -> Answer {
+    match dispatch(queue, request).await {
+        Ok(answer) => answer,
+        Err(error) => Answer::error(&error),
+    }
+}
+
+async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> {
+    let params = Params::new(request);
+    let method = request.method.to_ascii_lowercase();
+    match method.as_str() {
+        "createjob" => {
+            let cmd = create_job(&|name| params.text(name), &|name| params.json_text(name))?;
+            let id = queue.create(cmd).await?;
+            Ok(Answer::ok(json!({"jobID": id})))
+        }
+        "createjobs" => {
+            let jobs = params.json_text("jobs").ok_or(JobError::InvalidJson)?;
+            let jobs: Vec<Value> = match serde_json::from_str(&jobs) {
+                Ok(Value::Array(jobs)) if !jobs.is_empty() => jobs,
+                _ => return Err(JobError::InvalidJson),
+            };
+            let cmds = jobs
+                .iter()
+                .map(|job| {
+                    let Value::Object(job) = job else {
+                        return Err(JobError::InvalidJson);
+                    };
+                    let field = |name: &str| -> Option<String> {
+                        job.get(name)
+                            .map(|v| match v {
+                                Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            })
+                            .filter(|v| !v.is_empty())
+                    };
+                    create_job(&field, &field)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let ids = queue.create_many(cmds).await?;
+            Ok(Answer::ok(json!({"jobIDs": ids})))
+        }
+        "getjob" | "getjobs" => get_jobs(queue, request, &params, method == "getjobs").await,
+        "queryjob" => {
+            let job = queue.query(params.job_id()?).await?;
+            Ok(Answer::ok(json!({
+                "created": job.created.to_string(),
+                "jobID": job.id,
+                "state": job.state.as_str(),
+                "name": job.name,
+                "nextRun": job.next_run.to_string(),
+                "lastRun": job.last_run.map(|t| t.to_string()).unwrap_or_default(),
+                "repeat": job.repeat,
+                "data": Value::Object(job.data),
+                "retryAfter": job.retry_after,
+                "priority": job.priority.value(),
+            })))
+        }
+        "updatejob" => {
+            let id = params.job_id()?;
+            let data = params.data()?.ok_or(JobError::Missing("data"))?;
+            let cmd = UpdateJob {
+                id,
+                data,
+                repeat: params
+                    .text("repeat")
+                    .map(|r| Repeat::parse(&r))
+                    .transpose()?,
+                clear_repeat: params.flag("shouldClearRepeat")?,
+                priority: params.priority()?,
+                next_run: params
+                    .text("nextRun")
+                    .map(|t| parse_time("nextRun", &t))
+                    .transpose()?,
+            };
+            queue.update(cmd).await?;
+            Ok(Answer::empty())
+        }
+        "finishjob" => {
+            let cmd = FinishJob {
+                id: params.job_id()?,
+                data: params.data()?,
+                lease: None,
+            };
+            queue.finish(cmd).await?;
+            Ok(Answer::empty())
+        }
+        "retryjob" => {
+            let delay = match params.text("delay") {
+                None => 0,
+                Some(d) => d
+                    .trim()
+                    .parse::<i64>()
+                    .map_err(|_| JobError::NegativeDelay)?,
+            };
+            let name = params.text("name");
+            if let Some(name) = &name {
+                check_name(name)?;
+            }
+            let cmd = RetryJob {
+                id: params.job_id()?,
+                data: params.data()?,
+                delay_secs: delay,
+                next_run: params
+                    .text("nextRun")
+                    .map(|t| parse_time("nextRun", &t))
+                    .transpose()?,
+                name,
+                priority: params.priority()?,
+                ignore_repeat: params.flag("ignoreRepeat")?,
+                lease: None,
+            };
+            queue.retry(cmd).await?;
+            Ok(Answer::empty())
+        }
+        "failjob" => {
+            let cmd = FailJob {
+                id: params.job_id()?,
+                data: params.data()?,
+                lease: None,
+            };
+            queue.fail(cmd).await?;
+            Ok(Answer::empty())
+        }
+        "deletejob" => {
+            queue.delete(params.job_id()?).await?;
+            Ok(Answer::empty())
+        }
+        "canceljob" => {
+            queue.cancel(params.job_id()?).await?;
+            Ok(Answer::empty())
+        }
+        "requeuejobs" => {
+            let ids = parse_job_ids("jobIDs", &params.text("jobIDs").unwrap_or_default())?;
+            let name = params.text("name");
+            queue.requeue(RequeueJobs { ids, name }).await?;
+            Ok(Answer::empty())
+        }
+        _ => Err(JobError::UnrecognizedCommand),
+    }
+}
+
+/// CreateJob from parameters read by `text` (plain) and `json` (JSON-valued).
+fn create_job(
+    text: &dyn Fn(&str) -> Option<String>,
+    json: &dyn Fn(&str) -> Option<String>,
+) -> Result<CreateJob, JobError> {
+    let name = text("name").unwrap_or_default();
+    check_name(&name)?;
+    let priority = text("jobPriority")
+        .or_else(|| text("priority"))
+        .map(|p| Priority::parse(&p))
+        .transpose()?;
+    let parent_id = match text("parentJobID") {
+        Some(id) if id.trim() != "0" => Some(parse_job_id("parentJobID", &id)?),
+        _ => None,
+    };
+    Ok(CreateJob {
+        name,
+        data: json("data")
+            .map(|d| parse_data(&d))
+            .transpose()?
+            .unwrap_or_default(),
+        first_run: text("firstRun")
+            .map(|t| parse_time("firstRun", &t))
+            .transpose()?,
+        repeat: text("repeat").map(|r| Repeat::parse(&r)).transpose()?,
+        priority,
+        unique: text("unique")
+            .map(|v| parse_flag("unique", &v))
+            .transpose()?
+            .unwrap_or(false),
+        overwrite: text("overwrite")
+            .map(|v| parse_flag("overwrite", &v))
+            .transpose()?
+            .unwrap_or(true),
+        parent_id,
+        retry_after: text("retryAfter")
+            .map(|r| RetryAfter::parse(&r))
+            .transpose()?,
+    })
+}
+
+async fn get_jobs(
+    queue: &Queue,
+    request: &Request,
+    params: &Params<'_>,
+    many: bool,
+) -> Result<Answer, JobError> {
+    let name = params.text("name").unwrap_or_default();
+    let pattern = NamePattern::parse(&name)?;
+    let num_results = match (many, params.text("numResults")) {
+        (true, Some(n)) => parse_num_results(&n)?,
+        (true, None) => return Err(JobError::Missing("numResults")),
+        (false, Some(_)) => return Err(JobError::NumResultsWithGetJob),
+        (false, None) => 1,
+    };
+    let wait = request
+        .header("connection")
+        .filter(|c| c.eq_ignore_ascii_case("wait"))
+        .map(|_| {
+            params
+                .text("timeout")
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .map_or(MAX_WAIT, |ms| Duration::from_millis(ms).min(MAX_WAIT))
+        });
+    let cmd = GetJobs {
+        pattern,
+        num_results,
+        priority: params.priority()?,
+        lease: LeaseTerm::UntilReported,
+    };
+    let handouts = queue.get_jobs(cmd, wait).await?;
+    if handouts.is_empty() {
+        return Err(JobError::NoJobFound);
+    }
+    let body = if many {
+        let jobs: Vec<Value> = handouts
+            .iter()
+            .map(|h| Value::Object(h.bedrock_json()))
+            .collect();
+        json!({"jobs": jobs})
+    } else {
+        Value::Object(handouts[0].bedrock_json())
+    };
+    Ok(Answer {
+        status_line: "200 OK".into(),
+        body: body.to_string(),
+        handouts,
+    })
+}

@@ -1,0 +1,267 @@
+//! Bedrock's text framing: a method line, `Name: value` headers with
+//! backslash escapes, a blank line, and a body of `Content-Length` bytes.
+//! The parser is incremental (it is handed whatever bytes have arrived) and
+//! bounded: no request may exceed [`MAX_REQUEST`] bytes, whatever its shape.
+
+use std::collections::HashMap;
+
+/// The largest request accepted, headers and body together. Job data (up to
+/// 1 MiB) travels in a header, so this leaves room for that and the rest.
+pub const MAX_REQUEST: usize = 2 * 1024 * 1024 + 64 * 1024;
+
+/// The most headers one request may carry.
+pub const MAX_HEADERS: usize = 256;
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The first word of the method line, as sent.
+    pub method: String,
+    /// Headers by lower-cased name, values trimmed but not unescaped; a
+    /// later duplicate replaces an earlier one.
+    pub headers: HashMap<String, String>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// A header's value with its escapes undone, by case-insensitive name.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.raw_header(name).map(unescape)
+    }
+
+    /// A header's value as sent. JSON values are read from this first: JSON
+    /// has escapes of its own (`\n` inside a string) that header unescaping
+    /// would break.
+    pub fn raw_header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+}
+
+/// Why bytes could not be read as a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The request is larger than [`MAX_REQUEST`], or has too many headers.
+    TooLarge,
+    /// `Content-Length` is not a number.
+    BadContentLength,
+    /// A header line has no `:`.
+    BadHeader,
+}
+
+impl FrameError {
+    /// The status line to answer with before closing the connection.
+    pub fn status_line(&self) -> &'static str {
+        match self {
+            FrameError::TooLarge => "413 Request too large",
+            FrameError::BadContentLength => "400 Malformed Content-Length",
+            FrameError::BadHeader => "400 Malformed header line",
+        }
+    }
+}
+
+/// Reads one request from the front of `buf`. Returns the request and how
+/// many bytes it used, `Ok(None)` if more bytes are needed, or an error (after
+/// which the connection should be closed). Blank lines before a request are
+/// skipped.
+pub fn parse(buf: &[u8]) -> Result<Option<(Request, usize)>, FrameError> {
+    let mut pos = 0;
+    // Skip empty lines between pipelined requests.
+    loop {
+        match buf[pos..].iter().position(|&b| b == b'\n') {
+            Some(end)
+                if buf[pos..pos + end]
+                    .iter()
+                    .all(|&b| b == b'\r' || b == b' ' || b == b'\t') =>
+            {
+                pos += end + 1;
+            }
+            _ => break,
+        }
+    }
+    let start = pos;
+    let mut method = None;
+    let mut headers = HashMap::new();
+    loop {
+        let Some(end) = buf[pos..].iter().position(|&b| b == b'\n') else {
+            if buf.len() - start > MAX_REQUEST {
+                return Err(FrameError::TooLarge);
+            }
+            return Ok(None);
+        };
+        let line = &buf[pos..pos + end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        pos += end + 1;
+        if pos - start > MAX_REQUEST {
+            return Err(FrameError::TooLarge);
+        }
+        let text = String::from_utf8_lossy(line);
+        if method.is_none() {
+            method = Some(text.split_whitespace().next().unwrap_or("").to_string());
+            continue;
+        }
+        if text.trim().is_empty() {
+            break;
+        }
+        let Some((name, value)) = text.split_once(':') else {
+            return Err(FrameError::BadHeader);
+        };
+        if headers.len() >= MAX_HEADERS {
+            return Err(FrameError::TooLarge);
+        }
+        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+    }
+    let length = match headers.get("content-length") {
+        None => 0,
+        Some(text) => text
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| FrameError::BadContentLength)?,
+    };
+    if length > MAX_REQUEST || pos - start + length > MAX_REQUEST {
+        return Err(FrameError::TooLarge);
+    }
+    if buf.len() < pos + length {
+        return Ok(None);
+    }
+    let body = buf[pos..pos + length].to_vec();
+    let request = Request {
+        method: method.unwrap_or_default(),
+        headers,
+        body,
+    };
+    Ok(Some((request, pos + length)))
+}
+
+/// Undoes Bedrock's header escapes: `\n`, `\r`, `\t`, `\\` and `\uXXXX`.
+/// Any other or incomplete escape is kept as written.
+pub fn unescape(value: &str) -> String {
+    if !value.contains('\\') {
+        return value.to_string();
+    }
+    let mut out = String::with_capacity(value.len());
+    let mut chars = value.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek().copied() {
+            Some('n') => {
+                chars.next();
+                out.push('\n');
+            }
+            Some('r') => {
+                chars.next();
+                out.push('\r');
+            }
+            Some('t') => {
+                chars.next();
+                out.push('\t');
+            }
+            Some('\\') => {
+                chars.next();
+                out.push('\\');
+            }
+            Some('u') => {
+                let hex: String = chars.clone().skip(1).take(4).collect();
+                match (hex.len() == 4)
+                    .then(|| u32::from_str_radix(&hex, 16).ok())
+                    .flatten()
+                    .and_then(char::from_u32)
+                {
+                    Some(decoded) => {
+                        for _ in 0..5 {
+                            chars.next();
+                        }
+                        out.push(decoded);
+                    }
+                    None => out.push('\\'),
+                }
+            }
+            _ => out.push('\\'),
+        }
+    }
+    out
+}
+
+/// Writes a response: the status line, `Content-Length` (always), a blank
+/// line and the body.
+pub fn response(status_line: &str, body: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(status_line.len() + body.len() + 32);
+    out.extend_from_slice(status_line.as_bytes());
+    out.extend_from_slice(b"\r\nContent-Length: ");
+    out.extend_from_slice(body.len().to_string().as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_request_with_headers_and_body() {
+        let bytes = b"CreateJob / HTTP/1.1\r\nName: SendEmail\r\nDATA: {\"a\":1}\r\nContent-Length: 3\r\n\r\nabcGetJob\n";
+        let (request, used) = parse(bytes).unwrap().unwrap();
+        assert_eq!(request.method, "CreateJob");
+        assert_eq!(request.header("name").as_deref(), Some("SendEmail"));
+        assert_eq!(request.raw_header("Data"), Some("{\"a\":1}"));
+        assert_eq!(request.body, b"abc");
+        assert_eq!(&bytes[used..], b"GetJob\n");
+    }
+
+    #[test]
+    fn waits_for_more_bytes() {
+        assert_eq!(parse(b"GetJob\r\nname: x\r\n"), Ok(None));
+        assert_eq!(parse(b"CreateJob\r\nContent-Length: 5\r\n\r\nab"), Ok(None));
+        assert_eq!(parse(b""), Ok(None));
+    }
+
+    #[test]
+    fn bare_newlines_and_duplicate_headers() {
+        let (request, _) = parse(b"QueryJob\nJobID: 1\njobid: 2\n\n").unwrap().unwrap();
+        assert_eq!(request.header("jobID").as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn refuses_oversize_and_bad_lengths() {
+        assert_eq!(
+            parse(b"X\r\nContent-Length: abc\r\n\r\n"),
+            Err(FrameError::BadContentLength)
+        );
+        assert_eq!(
+            parse(b"X\r\nContent-Length: 99999999999\r\n\r\n"),
+            Err(FrameError::TooLarge)
+        );
+        let endless = vec![b'a'; MAX_REQUEST + 2];
+        assert_eq!(parse(&endless), Err(FrameError::TooLarge));
+        assert_eq!(
+            parse(b"X\r\nno colon here\r\n\r\n"),
+            Err(FrameError::BadHeader)
+        );
+    }
+
+    #[test]
+    fn unescapes_header_values() {
+        assert_eq!(unescape(r"a\nb\tc\\d\u00e9"), "a\nb\tc\\dé");
+        assert_eq!(unescape(r"trailing\"), "trailing\\");
+        assert_eq!(unescape(r"\uZZZZ"), "\\uZZZZ");
+        assert_eq!(unescape(r#"{\"a\":1}"#), r#"{\"a\":1}"#);
+    }
+
+    #[test]
+    fn responses_always_carry_a_length() {
+        assert_eq!(
+            response("404 No job found", ""),
+            b"404 No job found\r\nContent-Length: 0\r\n\r\n"
+        );
+        assert_eq!(
+            response("200 OK", "{}"),
+            b"200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        );
+    }
+}

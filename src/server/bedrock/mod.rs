@@ -1,0 +1,331 @@
+//! The Bedrock front-end: Bedrock's text protocol on its own port (8888 by
+//! default), answering every Jobs command over the same queue as the HTTP
+//! API. Persistent connections, pipelining, `Connection: close`, `forget` and
+//! `wait`. Hostile clients are bounded: requests have a size limit and a time
+//! limit, idle connections are closed, the number of connections is capped,
+//! and the bytes buffered across all connections share one budget.
+
+pub mod commands;
+pub mod frame;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+use crate::server::queue::Queue;
+use frame::{FrameError, Request};
+
+/// The Bedrock port's default address.
+pub const DEFAULT_BEDROCK_ADDR: &str = "127.0.0.1:8888";
+
+/// Bounds on what clients of the Bedrock port may cost.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; more are told `503` and closed.
+    pub max_connections: usize,
+    /// A connection with no request in progress is closed after this.
+    pub idle_timeout: Duration,
+    /// A request must arrive whole within this of its first byte.
+    pub request_timeout: Duration,
+    /// An answer must be taken by the client within this.
+    pub write_timeout: Duration,
+    /// Bytes buffered beyond [`FREE_BUFFER`] per connection, across all
+    /// connections.
+    pub buffer_budget: usize,
+}
+
+/// Bytes each connection may buffer without drawing on the shared budget.
+pub const FREE_BUFFER: usize = 64 * 1024;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(300),
+            request_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            buffer_budget: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// Serves the Bedrock protocol on `listener` until `shutdown` is cancelled.
+/// With a `token`, every request must carry it in a `Token` header (needed
+/// when the port listens beyond loopback, since the protocol has no other
+/// authentication).
+pub async fn serve(
+    listener: TcpListener,
+    queue: Queue,
+    limits: Limits,
+    token: Option<String>,
+    shutdown: CancellationToken,
+) {
+    let token: Option<Arc<str>> = token.map(Arc::from);
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    // The budget counts KiB so that it fits a semaphore's permit count.
+    let budget = Arc::new(Semaphore::new(limits.buffer_budget / 1024));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => break,
+        };
+        let (mut stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!(%error, "Bedrock port: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            tracing::warn!(%peer, "Bedrock port: too many connections; refusing one");
+            tokio::spawn(async move {
+                let refusal = frame::response("503 Too many connections", "");
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(1), stream.write_all(&refusal)).await;
+            });
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = Connection {
+            stream,
+            queue: queue.clone(),
+            limits,
+            budget: Arc::clone(&budget),
+            borrowed: Vec::new(),
+            buf: Vec::new(),
+            shutdown: shutdown.clone(),
+            token: token.clone(),
+        };
+        tokio::spawn(async move {
+            connection.run().await;
+            drop(permit);
+        });
+    }
+    tracing::debug!("Bedrock port closed");
+}
+
+/// What to do after an answer.
+enum After {
+    KeepOpen,
+    Close,
+}
+
+struct Connection {
+    stream: TcpStream,
+    queue: Queue,
+    limits: Limits,
+    budget: Arc<Semaphore>,
+    borrowed: Vec<OwnedSemaphorePermit>,
+    buf: Vec<u8>,
+    shutdown: CancellationToken,
+    token: Option<Arc<str>>,
+}
+
+/// Why reading stopped.
+enum ReadEnd {
+    Closed,
+    TimedOut,
+    OverBudget,
+}
+
+impl Connection {
+    async fn run(mut self) {
+        let mut request_started: Option<Instant> = None;
+        loop {
+            match frame::parse(&self.buf) {
+                Err(error) => {
+                    self.refuse(error).await;
+                    return;
+                }
+                Ok(Some((request, used))) => {
+                    self.buf.drain(..used);
+                    self.release_budget();
+                    request_started = None;
+                    match self.answer(request).await {
+                        After::KeepOpen => continue,
+                        After::Close => return,
+                    }
+                }
+                Ok(None) => {
+                    let partial = self.buf.iter().any(|b| !b.is_ascii_whitespace());
+                    let deadline = if partial {
+                        *request_started.get_or_insert_with(Instant::now)
+                            + self.limits.request_timeout
+                    } else {
+                        Instant::now() + self.limits.idle_timeout
+                    };
+                    if !partial && self.shutdown.is_cancelled() {
+                        return;
+                    }
+                    let shutdown = self.shutdown.clone();
+                    let read = tokio::select! {
+                        read = self.read_more(deadline) => read,
+                        _ = shutdown.cancelled(), if !partial => return,
+                    };
+                    match read {
+                        Ok(()) => {}
+                        Err(ReadEnd::Closed) => return,
+                        Err(ReadEnd::TimedOut) => {
+                            if partial {
+                                let _ = self
+                                    .write(&frame::response("408 Request timeout", ""))
+                                    .await;
+                            }
+                            return;
+                        }
+                        Err(ReadEnd::OverBudget) => {
+                            let _ = self.write(&frame::response("503 Server busy", "")).await;
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads what has arrived, up to `deadline`.
+    async fn read_more(&mut self, deadline: Instant) -> Result<(), ReadEnd> {
+        let mut chunk = [0u8; 16 * 1024];
+        match timeout_at(deadline, self.stream.read(&mut chunk)).await {
+            Err(_) => Err(ReadEnd::TimedOut),
+            Ok(Err(_)) | Ok(Ok(0)) => Err(ReadEnd::Closed),
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                self.borrow_budget()
+            }
+        }
+    }
+
+    /// Draws on the shared budget for bytes buffered beyond the free share.
+    fn borrow_budget(&mut self) -> Result<(), ReadEnd> {
+        let held_kib: usize = self.borrowed.iter().map(|p| p.num_permits()).sum();
+        let need_kib = self.buf.len().saturating_sub(FREE_BUFFER).div_ceil(1024);
+        if need_kib > held_kib {
+            let more = u32::try_from(need_kib - held_kib).map_err(|_| ReadEnd::OverBudget)?;
+            let permit = Arc::clone(&self.budget)
+                .try_acquire_many_owned(more)
+                .map_err(|_| ReadEnd::OverBudget)?;
+            self.borrowed.push(permit);
+        }
+        Ok(())
+    }
+
+    fn release_budget(&mut self) {
+        if self.buf.len() <= FREE_BUFFER {
+            self.borrowed.clear();
+            if self.buf.capacity() > 4 * FREE_BUFFER {
+                self.buf.shrink_to(FREE_BUFFER);
+            }
+        }
+    }
+
+    async fn refuse(&mut self, error: FrameError) {
+        tracing::info!(
+            status = error.status_line(),
+            "Bedrock port: unreadable request; closing the connection"
+        );
+        let _ = self.write(&frame::response(error.status_line(), "")).await;
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<(), ()> {
+        let deadline = Instant::now() + self.limits.write_timeout;
+        match timeout_at(deadline, self.stream.write_all(bytes)).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(()),
+        }
+    }
+
+    async fn answer(&mut self, request: Request) -> After {
+        if let Some(token) = &self.token {
+            let given = request.header("token").unwrap_or_default();
+            if !crate::server::http::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+                let _ = self
+                    .write(&frame::response(
+                        "401 Unauthorized: send the server's token in a Token header",
+                        "",
+                    ))
+                    .await;
+                return After::Close;
+            }
+        }
+        let connection = request
+            .header("connection")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if connection == "forget" {
+            let _ = self
+                .write(&frame::response("202 Successfully queued", ""))
+                .await;
+            let _ = self.stream.shutdown().await;
+            let method = request.method.to_ascii_lowercase();
+            if method == "getjob" || method == "getjobs" {
+                tracing::info!("GetJob with Connection: forget can deliver nothing; not run");
+            } else {
+                let outcome = commands::run(&self.queue, &request).await;
+                tracing::debug!(method = %request.method, status = %outcome.status_line, "forgotten command ran");
+            }
+            return After::Close;
+        }
+
+        let method = request.method.to_ascii_lowercase();
+        let waits = (method == "getjob" || method == "getjobs")
+            && request
+                .header("connection")
+                .is_some_and(|c| c.eq_ignore_ascii_case("wait"));
+        let mut hung_up = false;
+        let answer = {
+            let queue = self.queue.clone();
+            let run = commands::run(&queue, &request);
+            tokio::pin!(run);
+            // While the command runs (a held GetJob may take minutes), watch
+            // the socket: a waiting client that hangs up must not be handed a
+            // job. Other commands run to the end; their answer is still sent
+            // to a client that only closed its sending side.
+            loop {
+                let mut chunk = [0u8; 16 * 1024];
+                tokio::select! {
+                    answer = &mut run => break answer,
+                    read = self.stream.read(&mut chunk), if !hung_up => match read {
+                        Ok(0) | Err(_) => {
+                            if waits {
+                                tracing::debug!("Bedrock client went away while waiting for a job");
+                                return After::Close;
+                            }
+                            hung_up = true;
+                        }
+                        Ok(n) => {
+                            self.buf.extend_from_slice(&chunk[..n]);
+                            if self.borrow_budget().is_err() {
+                                let _ = self.write(&frame::response("503 Server busy", "")).await;
+                                return After::Close;
+                            }
+                        }
+                    },
+                }
+            }
+        };
+
+        let bytes = frame::response(&answer.status_line, &answer.body);
+        if self.write(&bytes).await.is_err() {
+            if !answer.handouts.is_empty() {
+                tracing::info!("Bedrock client could not take its jobs; putting them back");
+                if let Err(error) = self.queue.return_undelivered(answer.handouts).await {
+                    tracing::error!(%error, "could not put back undelivered jobs");
+                }
+            }
+            return After::Close;
+        }
+        if connection == "close" || (hung_up && frame::parse(&self.buf).ok().flatten().is_none()) {
+            After::Close
+        } else {
+            After::KeepOpen
+        }
+    }
+}

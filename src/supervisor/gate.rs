@@ -1,0 +1,361 @@
+//! The gate in front of every fetch: is there room for more workers? It
+//! looks at the 1-minute load average (optionally per CPU), the memory
+//! available, a hard cap on concurrent workers, and a ramp that lets
+//! concurrency grow only step by step, because the load average lags behind
+//! the work just started.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// One reading of the machine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadSample {
+    /// The 1-minute load average.
+    pub load1: f64,
+    /// Memory available for new work, in bytes.
+    pub available_memory: u64,
+}
+
+/// Where readings come from. The real one reads `/proc`; tests point it at
+/// files of their own.
+pub trait LoadSource: Send + Sync {
+    /// Takes a reading.
+    fn sample(&self) -> std::io::Result<LoadSample>;
+}
+
+/// Readings from `/proc/loadavg` and `/proc/meminfo` (or files in their
+/// format elsewhere, as lxcfs provides in containers).
+#[derive(Debug, Clone)]
+pub struct ProcLoad {
+    /// A file in `/proc/loadavg` format.
+    pub loadavg: PathBuf,
+    /// A file in `/proc/meminfo` format.
+    pub meminfo: PathBuf,
+}
+
+impl Default for ProcLoad {
+    fn default() -> Self {
+        ProcLoad {
+            loadavg: "/proc/loadavg".into(),
+            meminfo: "/proc/meminfo".into(),
+        }
+    }
+}
+
+impl LoadSource for ProcLoad {
+    fn sample(&self) -> std::io::Result<LoadSample> {
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        let loadavg = std::fs::read_to_string(&self.loadavg)?;
+        let load1 = loadavg
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .ok_or_else(|| invalid(format!("{} has no load average", self.loadavg.display())))?;
+        let meminfo = std::fs::read_to_string(&self.meminfo)?;
+        let available_kib = meminfo
+            .lines()
+            .find_map(|line| line.strip_prefix("MemAvailable:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{} has no MemAvailable line",
+                    self.meminfo.display()
+                ))
+            })?;
+        Ok(LoadSample {
+            load1,
+            available_memory: available_kib.saturating_mul(1024),
+        })
+    }
+}
+
+/// The gate's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GateLimits {
+    /// The highest 1-minute load average at which new work starts.
+    pub max_load: f64,
+    /// The least available memory, in bytes, at which new work starts.
+    pub min_available_memory: u64,
+    /// The most workers at once, whatever the load.
+    pub max_workers: usize,
+    /// How many more concurrent workers are allowed each second, starting
+    /// from this many.
+    pub ramp: usize,
+}
+
+/// Why no more work starts now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Closed {
+    /// The load average is at or above the limit.
+    Load {
+        /// The reading.
+        load: f64,
+        /// The limit.
+        max: f64,
+    },
+    /// Available memory is below the floor.
+    Memory {
+        /// The reading, in bytes.
+        available: u64,
+        /// The floor, in bytes.
+        floor: u64,
+    },
+    /// Every worker slot is taken.
+    Full {
+        /// Workers running.
+        running: usize,
+    },
+    /// Concurrency is still ramping up.
+    Ramp {
+        /// Workers running.
+        running: usize,
+        /// The current ceiling.
+        ceiling: usize,
+    },
+    /// The machine could not be read; nothing starts until it can.
+    Unreadable,
+}
+
+impl fmt::Display for Closed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Closed::Load { load, max } => {
+                write!(f, "load {load:.2} is at or above max-load {max:.2}")
+            }
+            Closed::Memory { available, floor } => write!(
+                f,
+                "available memory {} MiB is below the floor of {} MiB",
+                available / (1024 * 1024),
+                floor / (1024 * 1024)
+            ),
+            Closed::Full { running } => write!(f, "all {running} worker slots are busy"),
+            Closed::Ramp { running, ceiling } => {
+                write!(
+                    f,
+                    "ramping up: {running} running, ceiling {ceiling} for now"
+                )
+            }
+            Closed::Unreadable => write!(f, "cannot read the load or memory"),
+        }
+    }
+}
+
+impl Closed {
+    /// A short name for logs and metrics: `load`, `memory`, `full`, `ramp`,
+    /// `unreadable`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Closed::Load { .. } => "load",
+            Closed::Memory { .. } => "memory",
+            Closed::Full { .. } => "full",
+            Closed::Ramp { .. } => "ramp",
+            Closed::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// The gate: decides how many jobs may start now.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    limits: GateLimits,
+    ceiling: usize,
+    last_raise: Instant,
+    last_sample: Option<LoadSample>,
+}
+
+impl Gate {
+    /// A gate with these limits; the ramp starts at `limits.ramp`.
+    pub fn new(limits: GateLimits) -> Self {
+        let ramp = limits.ramp.max(1);
+        Gate {
+            limits: GateLimits { ramp, ..limits },
+            ceiling: ramp.min(limits.max_workers.max(1)),
+            last_raise: Instant::now(),
+            last_sample: None,
+        }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> GateLimits {
+        self.limits
+    }
+
+    /// Changes the limits (after a configuration reload).
+    pub fn set_limits(&mut self, limits: GateLimits) {
+        let ramp = limits.ramp.max(1);
+        self.limits = GateLimits { ramp, ..limits };
+        self.ceiling = self.ceiling.min(self.limits.max_workers.max(1));
+    }
+
+    /// The last reading taken.
+    pub fn last_sample(&self) -> Option<LoadSample> {
+        self.last_sample
+    }
+
+    /// How many jobs may start with `running` workers busy, or why none.
+    pub fn check(
+        &mut self,
+        running: usize,
+        load: &dyn LoadSource,
+        now: Instant,
+    ) -> Result<usize, Closed> {
+        let sample = match load.sample() {
+            Ok(sample) => sample,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the machine's load");
+                return Err(Closed::Unreadable);
+            }
+        };
+        self.last_sample = Some(sample);
+        let max_workers = self.limits.max_workers.max(1);
+        if sample.load1 >= self.limits.max_load {
+            // The load is high: the ramp starts again from what runs now.
+            self.ceiling = running.max(self.limits.ramp).min(max_workers);
+            self.last_raise = now;
+            return Err(Closed::Load {
+                load: sample.load1,
+                max: self.limits.max_load,
+            });
+        }
+        if sample.available_memory < self.limits.min_available_memory {
+            return Err(Closed::Memory {
+                available: sample.available_memory,
+                floor: self.limits.min_available_memory,
+            });
+        }
+        if running >= max_workers {
+            return Err(Closed::Full { running });
+        }
+        // Raise the ceiling by `ramp` for each whole second since the last
+        // raise, while the load stays under the limit.
+        let seconds = now.saturating_duration_since(self.last_raise).as_secs() as usize;
+        if seconds > 0 {
+            self.ceiling = self
+                .ceiling
+                .saturating_add(seconds.saturating_mul(self.limits.ramp))
+                .min(max_workers);
+            self.last_raise += Duration::from_secs(seconds as u64);
+        }
+        if running >= self.ceiling {
+            return Err(Closed::Ramp {
+                running,
+                ceiling: self.ceiling,
+            });
+        }
+        Ok(self.ceiling - running)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    struct Fixed(Mutex<LoadSample>);
+
+    impl LoadSource for Fixed {
+        fn sample(&self) -> std::io::Result<LoadSample> {
+            Ok(*self.0.lock().unwrap())
+        }
+    }
+
+    fn limits() -> GateLimits {
+        GateLimits {
+            max_load: 4.0,
+            min_available_memory: 100,
+            max_workers: 10,
+            ramp: 2,
+        }
+    }
+
+    fn machine(load1: f64, mem: u64) -> Fixed {
+        Fixed(Mutex::new(LoadSample {
+            load1,
+            available_memory: mem,
+        }))
+    }
+
+    #[test]
+    fn high_load_and_low_memory_close_the_gate() {
+        let mut gate = Gate::new(limits());
+        let now = Instant::now();
+        assert!(matches!(
+            gate.check(0, &machine(4.0, 1000), now),
+            Err(Closed::Load { .. })
+        ));
+        assert!(matches!(
+            gate.check(0, &machine(1.0, 99), now),
+            Err(Closed::Memory { .. })
+        ));
+        assert_eq!(gate.check(0, &machine(1.0, 1000), now), Ok(2));
+    }
+
+    #[test]
+    fn the_ramp_raises_the_ceiling_each_second_up_to_the_cap() {
+        let mut gate = Gate::new(limits());
+        let t0 = Instant::now();
+        let idle = machine(0.1, 1000);
+        assert_eq!(
+            gate.check(2, &idle, t0),
+            Err(Closed::Ramp {
+                running: 2,
+                ceiling: 2
+            })
+        );
+        assert_eq!(
+            gate.check(2, &idle, t0 + Duration::from_millis(1500)),
+            Ok(2)
+        );
+        assert_eq!(gate.check(2, &idle, t0 + Duration::from_secs(30)), Ok(8));
+        assert_eq!(
+            gate.check(10, &idle, t0 + Duration::from_secs(31)),
+            Err(Closed::Full { running: 10 })
+        );
+    }
+
+    #[test]
+    fn high_load_resets_the_ramp_to_what_runs() {
+        let mut gate = Gate::new(limits());
+        let t0 = Instant::now();
+        assert_eq!(
+            gate.check(0, &machine(0.1, 1000), t0 + Duration::from_secs(30)),
+            Ok(10)
+        );
+        assert!(
+            gate.check(5, &machine(9.0, 1000), t0 + Duration::from_secs(31))
+                .is_err()
+        );
+        assert_eq!(
+            gate.check(5, &machine(0.1, 1000), t0 + Duration::from_secs(31)),
+            Err(Closed::Ramp {
+                running: 5,
+                ceiling: 5
+            })
+        );
+    }
+
+    #[test]
+    fn proc_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let loadavg = dir.path().join("loadavg");
+        let meminfo = dir.path().join("meminfo");
+        std::fs::write(&loadavg, "1.50 0.80 0.40 2/300 1234\n").unwrap();
+        std::fs::write(&meminfo, "MemTotal: 1000 kB\nMemAvailable:     512 kB\n").unwrap();
+        let load = ProcLoad {
+            loadavg: loadavg.clone(),
+            meminfo,
+        };
+        assert_eq!(
+            load.sample().unwrap(),
+            LoadSample {
+                load1: 1.5,
+                available_memory: 512 * 1024
+            }
+        );
+        std::fs::write(&loadavg, "garbage").unwrap();
+        assert!(load.sample().is_err());
+    }
+}

@@ -1,0 +1,323 @@
+//! One job, from hand-out to report: resolve its worker, prepare its scratch
+//! directory and environment, run it while renewing its lease and forwarding
+//! its progress, decide the report, and deliver it (or spool it).
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::Shared;
+use super::process::{self, PROGRESS_FD, WorkerSpec};
+use super::report::{self, DETAILS_KEY, Decision, NotRun};
+use super::settings::Settings;
+use super::spool::Spooled;
+use super::worker_path::WorkerPath;
+use crate::client::{LeasedJob, Report, SourceError};
+use crate::protocol::Data;
+
+/// The least time between two progress updates of one job.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// A job to run.
+pub(super) struct JobTask {
+    pub shared: Arc<Shared>,
+    pub settings: Arc<Settings>,
+    pub job: LeasedJob,
+    pub stop: CancellationToken,
+}
+
+impl JobTask {
+    pub async fn run(self) {
+        let span = tracing::info_span!("job", job_id = self.job.id, job_name = %self.job.name);
+        self.run_job().instrument(span).await
+    }
+
+    /// Which run of the job this is: the server's count where it keeps one,
+    /// else one more than the last failure recorded in the job's data.
+    fn attempt(&self) -> i64 {
+        if self.job.handout.contains_key("attempt") {
+            return self.job.attempt;
+        }
+        self.job
+            .data
+            .get(DETAILS_KEY)
+            .and_then(|d| d.get("attempt"))
+            .and_then(Value::as_i64)
+            .map_or(1, |a| a + 1)
+    }
+
+    async fn run_job(self) {
+        let attempt = self.attempt();
+        let started = std::time::Instant::now();
+        let settings = Arc::clone(&self.settings);
+        let decision = match self.run_worker(attempt).await {
+            Ok(decision) => decision,
+            Err(why) => report::decide_not_run(&why, &self.job.data, attempt, &settings.retry),
+        };
+        let elapsed = started.elapsed();
+        match &decision.report {
+            Some(Report::Finish { .. }) => {
+                tracing::info!(?elapsed, attempt, "{}", decision.summary)
+            }
+            _ => tracing::warn!(?elapsed, attempt, "{}", decision.summary),
+        }
+        if let Some(report) = decision.report {
+            self.deliver(report).await;
+        }
+    }
+
+    async fn run_worker(&self, attempt: i64) -> Result<Decision, NotRun> {
+        let settings = &self.settings;
+        let program = WorkerPath::new(&settings.worker_path)
+            .map_err(|e| NotRun::NoWorker(e.to_string()))?
+            .resolve(&self.job.name)
+            .map_err(|e| NotRun::NoWorker(e.to_string()))?;
+        let scratch = Scratch::create(&settings.scratch_dir, self.job.id).map_err(|e| {
+            NotRun::SpawnFailed(format!(
+                "cannot create a scratch directory in {}: {e}",
+                settings.scratch_dir.display()
+            ))
+        })?;
+
+        let mut stdin_object = self.job.handout.clone();
+        stdin_object.remove("lease");
+        stdin_object.remove("leaseExpires");
+        let mut stdin = serde_json::to_vec(&stdin_object).unwrap_or_default();
+        stdin.push(b'\n');
+
+        let spec = WorkerSpec {
+            program: program.clone(),
+            env: self.environment(attempt, &scratch.path),
+            cwd: scratch.path.clone(),
+            stdin,
+            timeout: settings.timeout,
+            grace: settings.kill_grace,
+            output_cap: settings.output_cap,
+        };
+        let lease_lost = Arc::new(AtomicBool::new(false));
+        let worker_stop = self.stop.child_token();
+        let (progress_tx, progress_rx) = mpsc::channel(64);
+        let watchers = CancellationToken::new();
+        let heartbeat = tokio::spawn(
+            heartbeat(
+                self.shared.clone(),
+                self.job.clone(),
+                settings.lease,
+                lease_lost.clone(),
+                worker_stop.clone(),
+                watchers.clone(),
+            )
+            .in_current_span(),
+        );
+        let progress = tokio::spawn(
+            forward_progress(
+                self.shared.clone(),
+                self.job.clone(),
+                progress_rx,
+                watchers.clone(),
+            )
+            .in_current_span(),
+        );
+
+        tracing::info!(worker = %program.display(), attempt, "starting worker");
+        let finished =
+            process::run(&self.shared.launcher, spec, worker_stop, Some(progress_tx)).await;
+        watchers.cancel();
+        let _ = heartbeat.await;
+        let _ = progress.await;
+        drop(scratch);
+        let finished = finished.map_err(|e| NotRun::SpawnFailed(e.to_string()))?;
+        if finished.stdout.truncated || finished.stderr.truncated {
+            tracing::warn!(
+                stdout_bytes = finished.stdout.total,
+                stderr_bytes = finished.stderr.total,
+                cap = settings.output_cap,
+                "worker output was larger than the cap; head and tail kept"
+            );
+        }
+        if !finished.stderr.text.is_empty() {
+            tracing::debug!(stderr = %finished.stderr.text, "worker stderr");
+        }
+        let draining = self.shared.draining.load(Ordering::SeqCst) && self.stop.is_cancelled();
+        Ok(report::decide(
+            &finished,
+            &self.job.data,
+            attempt,
+            &settings.retry,
+            lease_lost.load(Ordering::SeqCst),
+            draining,
+        ))
+    }
+
+    /// The worker's whole environment: the allowed variables of the
+    /// supervisor's own, the configured extras, and the job's.
+    fn environment(&self, attempt: i64, scratch: &std::path::Path) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        for name in &self.settings.env_allow {
+            if let Ok(value) = std::env::var(name) {
+                env.push((name.clone(), value));
+            }
+        }
+        if !env.iter().any(|(k, _)| k == "PATH") {
+            env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+        }
+        env.extend(self.settings.env.iter().cloned());
+        let scratch = scratch.display().to_string();
+        env.push(("HOME".into(), scratch.clone()));
+        env.push(("TMPDIR".into(), scratch));
+        env.push(("JOBMGR_JOB_ID".into(), self.job.id.to_string()));
+        env.push(("JOBMGR_JOB_NAME".into(), self.job.name.clone()));
+        env.push(("JOBMGR_ATTEMPT".into(), attempt.to_string()));
+        env.push(("JOBMGR_PROGRESS_FD".into(), PROGRESS_FD.to_string()));
+        env
+    }
+
+    /// Sends the report; if the server is unreachable, spools it for the
+    /// courier.
+    async fn deliver(&self, report: Report) {
+        let lease = self.job.lease.as_deref();
+        match self.shared.source.report(self.job.id, lease, &report).await {
+            Ok(()) => {}
+            Err(SourceError::Unavailable(error)) => {
+                let spooled = Spooled {
+                    job_id: self.job.id,
+                    job_name: self.job.name.clone(),
+                    lease: self.job.lease.clone(),
+                    report,
+                };
+                match self.shared.spool.put(&spooled) {
+                    Ok(path) => {
+                        tracing::warn!(%error, spool = %path.display(), "server unavailable; report spooled for later delivery");
+                        self.shared.courier.notify_one();
+                    }
+                    Err(io) => {
+                        tracing::error!(%error, %io, "server unavailable and the report could not be spooled; the job returns when its lease lapses")
+                    }
+                }
+            }
+            Err(SourceError::LeaseLost(_)) => {
+                tracing::warn!(
+                    report = report.kind(),
+                    "server refused the report: the lease was lost (the job was handed to someone else)"
+                )
+            }
+            Err(error) => {
+                tracing::warn!(report = report.kind(), %error, "server refused the report")
+            }
+        }
+    }
+}
+
+/// Renews the lease every third of its term. A lost lease (or one that could
+/// not be renewed before it lapsed) stops the worker.
+async fn heartbeat(
+    shared: Arc<Shared>,
+    job: LeasedJob,
+    lease: Duration,
+    lost: Arc<AtomicBool>,
+    worker_stop: CancellationToken,
+    done: CancellationToken,
+) {
+    if job.lease.is_none() {
+        return;
+    }
+    let every = lease / 3;
+    let mut renewed = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = done.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match shared.source.heartbeat(&job).await {
+            Ok(()) => renewed = tokio::time::Instant::now(),
+            Err(SourceError::LeaseLost(_)) => {
+                tracing::warn!(
+                    "lease lost: the job was put back or handed to someone else; stopping the worker"
+                );
+                lost.store(true, Ordering::SeqCst);
+                worker_stop.cancel();
+                return;
+            }
+            Err(error) => {
+                if renewed.elapsed() >= lease {
+                    tracing::warn!(%error, "lease could not be renewed before it lapsed; stopping the worker");
+                    lost.store(true, Ordering::SeqCst);
+                    worker_stop.cancel();
+                    return;
+                }
+                tracing::warn!(%error, "lease renewal failed; trying again");
+            }
+        }
+    }
+}
+
+/// Forwards progress objects as UpdateJob, merged into the job's data and
+/// at most one per [`PROGRESS_EVERY`]; the latest wins.
+async fn forward_progress(
+    shared: Arc<Shared>,
+    job: LeasedJob,
+    mut updates: mpsc::Receiver<Data>,
+    done: CancellationToken,
+) {
+    let mut data = Value::Object(job.data.clone());
+    let mut pending = false;
+    let mut last_sent = tokio::time::Instant::now() - PROGRESS_EVERY;
+    loop {
+        let next_send = last_sent + PROGRESS_EVERY;
+        tokio::select! {
+            _ = done.cancelled() => return,
+            update = updates.recv() => match update {
+                Some(update) => {
+                    json_patch::merge(&mut data, &Value::Object(update));
+                    pending = true;
+                }
+                None => {
+                    // The worker closed fd 3; wait for the end.
+                    if !pending {
+                        done.cancelled().await;
+                        return;
+                    }
+                }
+            },
+            _ = tokio::time::sleep_until(next_send), if pending => {
+                if let Value::Object(map) = &data
+                    && let Err(error) = shared.source.update(&job, map).await
+                {
+                    tracing::debug!(%error, "progress update not delivered");
+                }
+                pending = false;
+                last_sent = tokio::time::Instant::now();
+            }
+        }
+    }
+}
+
+/// A job's scratch directory: mode 0700, removed when dropped.
+struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    fn create(base: &std::path::Path, job_id: i64) -> std::io::Result<Self> {
+        let path = base.join(format!("job-{job_id}-{:016x}", rand::random::<u64>()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(Scratch { path })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::remove_dir_all(&self.path)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.path.display(), %error, "cannot remove the job's scratch directory");
+        }
+    }
+}

@@ -1,0 +1,489 @@
+//! The supervisor: BWM's main loop, done right. It waits until the machine
+//! has room (the [`gate`]), blocks on the job server for as many jobs as it
+//! has free slots, runs each as a child process named after the job (the
+//! [`process`] module), renews the job's lease while it runs, forwards its
+//! progress, and reports how it ended ([`report`]), spooling reports the
+//! server cannot take yet ([`spool`]). SIGTERM drains, a quiet signal stops
+//! fetching, SIGHUP reloads the configuration, and a change of the version
+//! watch file drains and exits for the service manager to restart it.
+
+pub mod gate;
+pub mod launcher;
+pub mod output;
+pub mod process;
+pub mod report;
+pub mod schedule;
+pub mod settings;
+pub mod spool;
+pub mod worker_path;
+
+mod job;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{JobSource, SourceError};
+use crate::config::ConfigError;
+use gate::{Gate, LoadSource};
+use launcher::Launcher;
+pub use settings::Settings;
+use spool::Spool;
+
+/// What the outside world asks of a running supervisor (signals, mostly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Stop fetching, let running jobs finish (up to the drain timeout),
+    /// then stop the rest, hand their jobs back and exit. SIGTERM, SIGINT.
+    Drain,
+    /// A second drain request: stop running jobs now and hand them back.
+    StopNow,
+    /// Stop fetching; keep running jobs; stay up. SIGTSTP.
+    Quiet,
+    /// Re-read the configuration; it applies to the next job. SIGHUP.
+    Reload,
+}
+
+/// Why the supervisor exited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It was asked to drain.
+    Drained,
+    /// The version watch file changed.
+    VersionChanged,
+    /// It started `--max-iterations` jobs.
+    MaxIterations,
+}
+
+/// Why the supervisor could not run.
+#[derive(Debug, Error)]
+pub enum SupervisorError {
+    /// Its configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A directory it needs could not be prepared, or the launcher failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Re-reads the configuration (on SIGHUP).
+pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>;
+
+/// A supervisor, ready to run.
+pub struct Supervisor {
+    settings: Arc<RwLock<Arc<Settings>>>,
+    source: Arc<dyn JobSource>,
+    load: Arc<dyn LoadSource>,
+    reload: Option<Reloader>,
+}
+
+/// What every job task shares.
+struct Shared {
+    source: Arc<dyn JobSource>,
+    launcher: Launcher,
+    spool: Spool,
+    courier: Notify,
+    draining: AtomicBool,
+}
+
+impl Supervisor {
+    /// A supervisor taking jobs from `source`, reading the machine from
+    /// `load`.
+    pub fn new(settings: Settings, source: Arc<dyn JobSource>, load: Arc<dyn LoadSource>) -> Self {
+        Supervisor {
+            settings: Arc::new(RwLock::new(Arc::new(settings))),
+            source,
+            load,
+            reload: None,
+        }
+    }
+
+    /// Re-read the configuration with `reload` on [`Control::Reload`].
+    pub fn with_reload(mut self, reload: Reloader) -> Self {
+        self.reload = Some(reload);
+        self
+    }
+
+    fn settings(&self) -> Arc<Settings> {
+        Arc::clone(&self.settings.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Runs until drained (by `control`, `--max-iterations` or the version
+    /// watch file). Every job it took is reported or handed back before it
+    /// returns, except reports the server could not take, which stay in the
+    /// spool for the next start.
+    pub async fn run(
+        self,
+        mut control: mpsc::UnboundedReceiver<Control>,
+    ) -> Result<Exit, SupervisorError> {
+        let settings = self.settings();
+        let spool =
+            Spool::open(&settings.spool_dir).map_err(|e| SupervisorError::Io(e.to_string()))?;
+        std::fs::create_dir_all(&settings.scratch_dir).map_err(|e| {
+            SupervisorError::Io(format!(
+                "cannot create the scratch directory {}: {e}",
+                settings.scratch_dir.display()
+            ))
+        })?;
+        let launcher = Launcher::start(tokio::runtime::Handle::current())
+            .map_err(|e| SupervisorError::Io(format!("cannot start the launcher thread: {e}")))?;
+        let shared = Arc::new(Shared {
+            source: Arc::clone(&self.source),
+            launcher,
+            spool,
+            courier: Notify::new(),
+            draining: AtomicBool::new(false),
+        });
+        let courier_stop = CancellationToken::new();
+        let courier = tokio::spawn(courier(Arc::clone(&shared), courier_stop.clone()));
+        let version_changed = Arc::new(Notify::new());
+        let watcher = settings
+            .version_watch_file
+            .clone()
+            .map(|path| tokio::spawn(watch_version(path, Arc::clone(&version_changed))));
+
+        tracing::info!(
+            server = %self.source.describe(),
+            job_name = %settings.job_name,
+            worker_path = %settings.worker_path.display(),
+            max_load = settings.gate.max_load,
+            max_workers = settings.gate.max_workers,
+            "supervisor started"
+        );
+
+        let mut scheduler = Some(tokio::spawn(keep_schedule(
+            Arc::clone(&self.source),
+            Arc::clone(&settings),
+        )));
+
+        let mut gate = Gate::new(settings.gate);
+        let mut workers: JoinSet<()> = JoinSet::new();
+        let stop_workers = CancellationToken::new();
+        let mut started: u64 = 0;
+        let mut quiet = false;
+        let mut last_closed: Option<&'static str> = None;
+        let mut backoff = Duration::from_secs(1);
+        let mut logged_mode = None;
+
+        let exit = 'fetching: loop {
+            while workers.try_join_next().is_some() {}
+            let settings = self.settings();
+            if let Some(max) = settings.max_iterations
+                && started >= max
+            {
+                tracing::info!(started, "max iterations reached; draining");
+                break Exit::MaxIterations;
+            }
+            if quiet {
+                tokio::select! {
+                    message = control.recv() => match message {
+                        Some(Control::Drain) | Some(Control::StopNow) | None => break Exit::Drained,
+                        Some(Control::Reload) => {
+                            self.reload(&mut gate);
+                            restart_schedule(&mut scheduler, &self.source, self.settings());
+                        }
+                        Some(Control::Quiet) => {}
+                    },
+                    Some(_) = workers.join_next(), if !workers.is_empty() => {}
+                    _ = version_changed.notified() => break Exit::VersionChanged,
+                }
+                continue;
+            }
+            gate.set_limits(settings.gate);
+            let slots = match gate.check(workers.len(), self.load.as_ref(), Instant::now()) {
+                Ok(slots) => {
+                    if let Some(reason) = last_closed.take() {
+                        tracing::debug!(was = reason, running = workers.len(), "gate open");
+                    }
+                    slots
+                }
+                Err(closed) => {
+                    if last_closed != Some(closed.name()) {
+                        // Full and ramping are the gate working as meant; the
+                        // machine's state is news.
+                        if matches!(
+                            closed,
+                            gate::Closed::Full { .. } | gate::Closed::Ramp { .. }
+                        ) {
+                            tracing::debug!(reason = %closed, running = workers.len(), "gate closed: not taking jobs");
+                        } else {
+                            tracing::info!(reason = %closed, running = workers.len(), "gate closed: not taking jobs");
+                        }
+                        last_closed = Some(closed.name());
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        Some(_) = workers.join_next(), if !workers.is_empty() => {}
+                        message = control.recv() => {
+                            if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
+                                break 'fetching exit;
+                            }
+                        }
+                        _ = version_changed.notified() => break Exit::VersionChanged,
+                    }
+                    continue;
+                }
+            };
+            let slots = match settings.max_iterations {
+                Some(max) => slots.min((max - started) as usize),
+                None => slots,
+            };
+            let fetched = {
+                let fetch = self.source.get_jobs(
+                    &settings.job_name,
+                    slots,
+                    settings.poll_wait,
+                    settings.lease,
+                );
+                tokio::select! {
+                    fetched = fetch => fetched,
+                    message = control.recv() => {
+                        if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
+                            break exit;
+                        }
+                        continue;
+                    }
+                    _ = version_changed.notified() => break Exit::VersionChanged,
+                }
+            };
+            let mode = self.source.fetch_mode();
+            if logged_mode != Some(mode) {
+                tracing::info!(mode = ?mode, server = %self.source.describe(), "fetch mode");
+                logged_mode = Some(mode);
+            }
+            match fetched {
+                Ok(jobs) => {
+                    backoff = Duration::from_secs(1);
+                    for leased in jobs {
+                        started += 1;
+                        let task = job::JobTask {
+                            shared: Arc::clone(&shared),
+                            settings: Arc::clone(&settings),
+                            job: leased,
+                            stop: stop_workers.child_token(),
+                        };
+                        workers.spawn(task.run());
+                    }
+                }
+                Err(error) => {
+                    let wait = jittered(backoff);
+                    if matches!(error, SourceError::Unavailable(_)) {
+                        tracing::warn!(%error, retry_in = ?wait, "cannot fetch jobs; trying again");
+                    } else {
+                        tracing::error!(%error, retry_in = ?wait, "job server refused the fetch; trying again");
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        message = control.recv() => {
+                            if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
+                                break exit;
+                            }
+                        }
+                        _ = version_changed.notified() => break Exit::VersionChanged,
+                    }
+                }
+            }
+        };
+
+        // Drain: no more fetching. Let running jobs end, up to the drain
+        // timeout (a second drain request cuts it short), then stop the rest
+        // and hand their jobs back.
+        let drain_timeout = self.settings().drain_timeout;
+        tracing::info!(running = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
+        let deadline = tokio::time::Instant::now() + drain_timeout;
+        while !workers.is_empty() {
+            tokio::select! {
+                _ = workers.join_next() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+                message = control.recv() => if matches!(message, Some(Control::StopNow) | Some(Control::Drain)) {
+                    tracing::info!("asked again: stopping running jobs now");
+                    break;
+                },
+            }
+        }
+        if !workers.is_empty() {
+            tracing::warn!(
+                running = workers.len(),
+                "stopping jobs still running and handing them back"
+            );
+            shared.draining.store(true, Ordering::SeqCst);
+            stop_workers.cancel();
+            while workers.join_next().await.is_some() {}
+        }
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
+        if let Some(scheduler) = scheduler.take() {
+            scheduler.abort();
+        }
+        // One last chance for spooled reports; what is left waits for the
+        // next start.
+        shared.courier.notify_one();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        courier_stop.cancel();
+        let _ = courier.await;
+        tracing::info!(reason = ?exit, jobs_started = started, "supervisor stopped");
+        Ok(exit)
+    }
+
+    /// Handles a control message while fetching; `Some` means "drain now".
+    fn on_control(
+        &self,
+        message: Option<Control>,
+        quiet: &mut bool,
+        gate: &mut Gate,
+        scheduler: &mut Option<tokio::task::JoinHandle<()>>,
+    ) -> Option<Exit> {
+        match message {
+            Some(Control::Drain) | Some(Control::StopNow) | None => Some(Exit::Drained),
+            Some(Control::Quiet) => {
+                tracing::info!("quiet: no more jobs will be taken; running jobs continue");
+                *quiet = true;
+                None
+            }
+            Some(Control::Reload) => {
+                self.reload(gate);
+                restart_schedule(scheduler, &self.source, self.settings());
+                None
+            }
+        }
+    }
+
+    fn reload(&self, gate: &mut Gate) {
+        let Some(reload) = &self.reload else {
+            tracing::info!("reload asked, but there is no configuration file to re-read");
+            return;
+        };
+        match reload() {
+            Ok(settings) => {
+                gate.set_limits(settings.gate);
+                tracing::info!(
+                    job_name = %settings.job_name,
+                    max_workers = settings.gate.max_workers,
+                    timeout = ?settings.timeout,
+                    "configuration reloaded; it applies to the next job"
+                );
+                *self.settings.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(settings);
+            }
+            Err(error) => {
+                tracing::error!(%error, "configuration not reloaded; keeping the current one")
+            }
+        }
+    }
+}
+
+/// Starts syncing the declared jobs again (after a reload).
+fn restart_schedule(
+    task: &mut Option<tokio::task::JoinHandle<()>>,
+    source: &Arc<dyn JobSource>,
+    settings: Arc<Settings>,
+) {
+    if let Some(old) = task.take() {
+        old.abort();
+    }
+    *task = Some(tokio::spawn(keep_schedule(Arc::clone(source), settings)));
+}
+
+/// Syncs the declared jobs, retrying while the server is unreachable.
+async fn keep_schedule(source: Arc<dyn JobSource>, settings: Arc<Settings>) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let Some(declared) = &settings.schedule else {
+            return;
+        };
+        match schedule::sync(source.as_ref(), declared, &settings.state_dir).await {
+            Ok(synced) => {
+                if !(synced.declared.is_empty() && synced.removed.is_empty()) {
+                    tracing::info!(declared = ?synced.declared, removed = ?synced.removed, unchanged = synced.unchanged.len(), "schedule synced");
+                }
+                return;
+            }
+            Err(error) => {
+                let wait = jittered(backoff);
+                tracing::warn!(%error, retry_in = ?wait, "cannot sync the declared jobs; trying again");
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// `base` ± 20 %.
+fn jittered(base: Duration) -> Duration {
+    base.mul_f64(0.8 + rand::random::<f64>() * 0.4)
+}
+
+/// Delivers spooled reports whenever asked, and on a backoff while any wait.
+async fn courier(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let pending = match shared.spool.pending() {
+            Ok(pending) => pending,
+            Err(error) => {
+                tracing::error!(%error, dir = %shared.spool.dir().display(), "cannot read the report spool");
+                Vec::new()
+            }
+        };
+        let mut blocked = false;
+        for (path, spooled) in &pending {
+            match shared
+                .source
+                .report(spooled.job_id, spooled.lease.as_deref(), &spooled.report)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(job_id = spooled.job_id, job_name = %spooled.job_name, report = spooled.report.kind(), "spooled report delivered");
+                    shared.spool.remove(path);
+                }
+                Err(SourceError::Unavailable(error)) => {
+                    tracing::debug!(%error, "server still unavailable; spooled reports wait");
+                    blocked = true;
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(job_id = spooled.job_id, job_name = %spooled.job_name, %error, "server refused a spooled report; dropping it");
+                    shared.spool.remove(path);
+                }
+            }
+        }
+        let wait = if blocked {
+            let wait = jittered(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+            wait
+        } else {
+            backoff = Duration::from_secs(1);
+            Duration::from_secs(3600)
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = shared.courier.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Notifies once the file at `path` changes (contents replaced, modified,
+/// created or removed), checking every two seconds.
+async fn watch_version(path: std::path::PathBuf, changed: Arc<Notify>) {
+    let stamp = |path: &std::path::Path| {
+        std::fs::metadata(path).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.ino(), m.len(), m.mtime(), m.mtime_nsec())
+        })
+    };
+    let first = stamp(&path);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if stamp(&path) != first {
+            tracing::info!(path = %path.display(), "version watch file changed; draining to restart");
+            changed.notify_one();
+            return;
+        }
+    }
+}

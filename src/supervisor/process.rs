@@ -1,0 +1,277 @@
+//! Running one worker process: its own session and process group, a
+//! parent-death signal, the job on stdin while stdout and stderr are drained
+//! (so no payload or output size can deadlock it), progress lines read from
+//! fd 3, a timeout with SIGTERM, grace and SIGKILL to the whole group, and
+//! the group killed when the worker ends, so nothing it started outlives it.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::launcher::Launcher;
+use super::output::{Capture, Captured};
+
+/// The fd a worker writes progress lines to.
+pub const PROGRESS_FD: i32 = 3;
+
+/// The longest progress line read; longer ones are skipped.
+const MAX_PROGRESS_LINE: usize = 64 * 1024;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// The executable.
+    pub program: PathBuf,
+    /// Its whole environment.
+    pub env: Vec<(String, String)>,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// What it reads on stdin.
+    pub stdin: Vec<u8>,
+    /// How long it may run.
+    pub timeout: Duration,
+    /// How long it has between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Bytes kept of each of stdout and stderr.
+    pub output_cap: usize,
+}
+
+/// How the worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited with this code.
+    Exited(i32),
+    /// It died of this signal.
+    Signaled(i32),
+    /// It ran past its timeout and was stopped.
+    TimedOut,
+    /// It was stopped on request (lease lost, drain).
+    Stopped,
+}
+
+/// A finished worker.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// How it ended.
+    pub ending: Ending,
+    /// Its pid.
+    pub pid: u32,
+    /// Its stdout.
+    pub stdout: Captured,
+    /// Its stderr.
+    pub stderr: Captured,
+    /// Whether SIGKILL was needed after SIGTERM.
+    pub killed: bool,
+}
+
+/// Runs a worker to its end. `stop` stops it early (SIGTERM, grace,
+/// SIGKILL); progress objects written to fd 3 go to `progress`.
+pub async fn run(
+    launcher: &Launcher,
+    spec: WorkerSpec,
+    stop: CancellationToken,
+    progress: Option<mpsc::Sender<serde_json::Map<String, serde_json::Value>>>,
+) -> std::io::Result<Finished> {
+    let (progress_read, progress_write) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+    fcntl(&progress_read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)?;
+
+    let mut command = tokio::process::Command::new(&spec.program);
+    command
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let write_fd = progress_write.as_raw_fd();
+    let supervisor = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (setsid, dup2, fcntl, prctl, getppid).
+    unsafe {
+        command.pre_exec(move || {
+            use nix::libc;
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let moved = if write_fd == PROGRESS_FD {
+                libc::fcntl(PROGRESS_FD, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(write_fd, PROGRESS_FD)
+            };
+            if moved < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if nix::unistd::getppid() != supervisor {
+                // The supervisor died before the worker started: do not run it.
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let mut child = launcher.spawn(command).await?;
+    drop(progress_write);
+    let pid = child.id().unwrap_or(0);
+
+    let mut stdin = child.stdin.take();
+    let payload = spec.stdin;
+    let writer = tokio::spawn(async move {
+        if let Some(stdin) = stdin.as_mut() {
+            // A worker that never reads its stdin or closes it early is its
+            // own business: the error ends only this writer.
+            let _ = stdin.write_all(&payload).await;
+            let _ = stdin.shutdown().await;
+        }
+    });
+    let stdout = tokio::spawn(drain(child.stdout.take(), spec.output_cap));
+    let stderr = tokio::spawn(drain(child.stderr.take(), spec.output_cap));
+    let progress_task = tokio::spawn(read_progress(progress_read, progress));
+
+    let mut killed = false;
+    let ending = tokio::select! {
+        status = child.wait() => status_ending(status?),
+        _ = tokio::time::sleep(spec.timeout) => {
+            tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
+            killed = terminate(&mut child, pid, spec.grace).await;
+            Ending::TimedOut
+        }
+        _ = stop.cancelled() => {
+            killed = terminate(&mut child, pid, spec.grace).await;
+            Ending::Stopped
+        }
+    };
+    // Whatever is left of its process group dies with it.
+    kill_group(pid, Signal::SIGKILL);
+    writer.abort();
+    progress_task.abort();
+    let stdout = collect(stdout, spec.output_cap).await;
+    let stderr = collect(stderr, spec.output_cap).await;
+    Ok(Finished {
+        ending,
+        pid,
+        stdout,
+        stderr,
+        killed,
+    })
+}
+
+fn status_ending(status: std::process::ExitStatus) -> Ending {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Ending::Exited(code),
+        (None, Some(signal)) => Ending::Signaled(signal),
+        (None, None) => Ending::Exited(-1),
+    }
+}
+
+/// SIGTERM to the group, then SIGKILL after `grace`. Returns whether SIGKILL
+/// was needed.
+async fn terminate(child: &mut tokio::process::Child, pid: u32, grace: Duration) -> bool {
+    kill_group(pid, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+        return false;
+    }
+    tracing::warn!(
+        pid,
+        ?grace,
+        "worker ignored SIGTERM; sending SIGKILL to its process group"
+    );
+    kill_group(pid, Signal::SIGKILL);
+    let _ = child.wait().await;
+    true
+}
+
+/// Signals a worker's process group (its pgid is its pid, from `setsid`).
+pub fn kill_group(pid: u32, signal: Signal) {
+    if pid == 0 {
+        return;
+    }
+    match killpg(Pid::from_raw(pid as i32), signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(error) => tracing::warn!(pid, %error, "cannot signal the worker's process group"),
+    }
+}
+
+async fn drain(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Capture {
+    let mut capture = Capture::new(cap);
+    let Some(mut stream) = stream else {
+        return capture;
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return capture,
+            Ok(n) => capture.push(&buf[..n]),
+        }
+    }
+}
+
+/// Waits briefly for a drained stream: a process that escaped the group may
+/// hold the pipe open, and must not hold the report up.
+async fn collect(task: tokio::task::JoinHandle<Capture>, cap: usize) -> Captured {
+    match tokio::time::timeout(Duration::from_secs(2), task).await {
+        Ok(Ok(capture)) => capture.finish(),
+        Ok(Err(_)) => Capture::new(cap).finish(),
+        Err(_) => {
+            tracing::warn!(
+                "a process outside the worker's group still holds its output open; reporting without the rest"
+            );
+            Capture::new(cap).finish()
+        }
+    }
+}
+
+async fn read_progress(
+    fd: OwnedFd,
+    sink: Option<mpsc::Sender<serde_json::Map<String, serde_json::Value>>>,
+) {
+    let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut reader = BufReader::new(pipe);
+    let mut line = Vec::new();
+    let mut warned = false;
+    loop {
+        line.clear();
+        let read = (&mut reader)
+            .take(MAX_PROGRESS_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await;
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(_) if line.len() > MAX_PROGRESS_LINE => {
+                // Skip the rest of an overlong line.
+                let mut rest = Vec::new();
+                if reader.read_until(b'\n', &mut rest).await.unwrap_or(0) == 0 {
+                    return;
+                }
+            }
+            Ok(_) => match serde_json::from_slice::<serde_json::Value>(&line) {
+                Ok(serde_json::Value::Object(object)) => {
+                    if let Some(sink) = &sink {
+                        let _ = sink.try_send(object);
+                    }
+                }
+                _ if line.iter().all(u8::is_ascii_whitespace) => {}
+                _ => {
+                    if !warned {
+                        tracing::warn!(
+                            "worker wrote a progress line that is not a JSON object; ignoring such lines"
+                        );
+                        warned = true;
+                    }
+                }
+            },
+        }
+    }
+}

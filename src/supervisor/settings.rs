@@ -1,0 +1,190 @@
+//! The supervisor's effective settings: options resolved against their
+//! defaults and checked.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::gate::{GateLimits, ProcLoad};
+use super::report::RetryPolicy;
+use crate::config::{ConfigError, SupervisorOptions};
+use crate::protocol::{CreateJob, Priority, Repeat, check_data, check_name};
+
+/// Environment variables workers get from the supervisor's own environment
+/// unless configured otherwise.
+pub const DEFAULT_ENV_ALLOW: [&str; 4] = ["PATH", "LANG", "LC_ALL", "TZ"];
+
+/// Everything the supervisor needs, resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Job names taken: a GLOB or comma list.
+    pub job_name: String,
+    /// Where workers are found.
+    pub worker_path: PathBuf,
+    /// The gate's limits.
+    pub gate: GateLimits,
+    /// How long a worker may run.
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// How long a drain waits for running jobs.
+    pub drain_timeout: Duration,
+    /// The lease asked for each job.
+    pub lease: Duration,
+    /// How long one fetch waits.
+    pub poll_wait: Duration,
+    /// How failures are retried.
+    pub retry: RetryPolicy,
+    /// Bytes kept per output stream.
+    pub output_cap: usize,
+    /// Variables passed through from the supervisor's environment.
+    pub env_allow: Vec<String>,
+    /// Extra variables set for workers.
+    pub env: Vec<(String, String)>,
+    /// Jobs to start before draining and exiting.
+    pub max_iterations: Option<u64>,
+    /// A file whose change means "drain and exit".
+    pub version_watch_file: Option<PathBuf>,
+    /// Where undeliverable reports wait.
+    pub spool_dir: PathBuf,
+    /// Where scratch directories are made.
+    pub scratch_dir: PathBuf,
+    /// Where the load and memory are read.
+    pub load: ProcLoad,
+    /// Recurring jobs declared in the configuration; `None` when it
+    /// declares none at all (then jobs declared earlier are left alone).
+    pub schedule: Option<Vec<CreateJob>>,
+    /// Where the supervisor keeps its own state (the declared-jobs record).
+    pub state_dir: PathBuf,
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+impl Settings {
+    /// Resolves options against the defaults. `state_dir` is where the
+    /// spool goes unless configured.
+    pub fn resolve(
+        options: &SupervisorOptions,
+        state_dir: &std::path::Path,
+    ) -> Result<Self, ConfigError> {
+        let setting = |message: String| ConfigError::Setting(message);
+        let worker_path = options.worker_path.clone().ok_or_else(|| {
+            setting("no worker path: pass --worker-path DIR (or set worker-path in the configuration file)".into())
+        })?;
+        let cpus = cpus();
+        let mut max_load = options.max_load.unwrap_or(cpus as f64);
+        if !(max_load.is_finite() && max_load > 0.0) {
+            return Err(setting(format!(
+                "max-load must be a positive number, not {max_load}"
+            )));
+        }
+        if options.load_per_cpu.unwrap_or(false) {
+            max_load *= cpus as f64;
+        }
+        let max_workers = options.max_workers.unwrap_or((2 * cpus).max(2));
+        if max_workers == 0 {
+            return Err(setting("max-workers must be at least 1".into()));
+        }
+        let duration = |value: Option<crate::config::HumanDuration>, default: Duration| {
+            value.map_or(default, |d| d.0)
+        };
+        let lease = duration(options.lease, Duration::from_secs(30));
+        if lease < Duration::from_millis(300) {
+            return Err(setting(
+                "lease must be at least 300ms (it is renewed every third of it)".into(),
+            ));
+        }
+        let max_attempts = options.max_attempts.unwrap_or(5);
+        if max_attempts < 1 {
+            return Err(setting("max-attempts must be at least 1".into()));
+        }
+        let timeout = duration(options.timeout, Duration::from_secs(30 * 60));
+        if timeout.is_zero() {
+            return Err(setting("timeout must be more than zero".into()));
+        }
+        let mut env_allow: Vec<String> = match &options.env_allow {
+            Some(names) => names.clone(),
+            None => DEFAULT_ENV_ALLOW.iter().map(|s| s.to_string()).collect(),
+        };
+        for name in &env_allow {
+            crate::config::check_env_name(name).map_err(setting)?;
+        }
+        env_allow.retain(|name| !name.starts_with("JOBMGR_"));
+        let mut schedule: Vec<CreateJob> = Vec::new();
+        for entry in options.schedule.iter().flatten() {
+            let what = |e: crate::protocol::JobError| {
+                setting(format!("[[schedule]] {:?}: {e}", entry.name))
+            };
+            check_name(&entry.name).map_err(what)?;
+            if schedule.iter().any(|j| j.name == entry.name) {
+                return Err(setting(format!(
+                    "[[schedule]] {:?} is declared twice",
+                    entry.name
+                )));
+            }
+            let mut job = CreateJob::named(entry.name.clone());
+            job.data = check_data(serde_json::Value::Object(entry.data.clone())).map_err(what)?;
+            job.repeat = Some(Repeat::parse(&entry.repeat).map_err(what)?);
+            job.priority = entry
+                .priority
+                .map(Priority::new)
+                .transpose()
+                .map_err(what)?;
+            job.unique = true;
+            schedule.push(job);
+        }
+        Ok(Settings {
+            job_name: options.job_name.clone().unwrap_or_else(|| "*".into()),
+            worker_path,
+            gate: GateLimits {
+                max_load,
+                min_available_memory: options.min_memory.map_or(128 << 20, |s| s.0),
+                max_workers,
+                ramp: options.ramp.unwrap_or(cpus).max(1),
+            },
+            timeout,
+            kill_grace: duration(options.kill_grace, Duration::from_secs(10)),
+            drain_timeout: duration(options.drain_timeout, Duration::from_secs(120)),
+            lease,
+            poll_wait: duration(options.poll_wait, Duration::from_secs(30)),
+            retry: RetryPolicy {
+                max_attempts,
+                backoff: duration(options.backoff, Duration::from_secs(10)),
+                max_backoff: duration(options.max_backoff, Duration::from_secs(3600)),
+            },
+            output_cap: options.output_cap.map_or(64 << 10, |s| s.0 as usize).max(2),
+            env_allow,
+            env: options
+                .env
+                .iter()
+                .flatten()
+                .map(|p| (p.0.clone(), p.1.clone()))
+                .collect(),
+            max_iterations: options.max_iterations,
+            version_watch_file: options.version_watch_file.clone(),
+            spool_dir: options
+                .spool_dir
+                .clone()
+                .unwrap_or_else(|| state_dir.join("spool")),
+            scratch_dir: options
+                .scratch_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("jobmgr")),
+            load: ProcLoad {
+                loadavg: options
+                    .loadavg_path
+                    .clone()
+                    .unwrap_or_else(|| "/proc/loadavg".into()),
+                meminfo: options
+                    .meminfo_path
+                    .clone()
+                    .unwrap_or_else(|| "/proc/meminfo".into()),
+            },
+            schedule: options.schedule.is_some().then_some(schedule),
+            state_dir: state_dir.to_path_buf(),
+        })
+    }
+}
