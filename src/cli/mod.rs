@@ -4,6 +4,7 @@
 mod job;
 mod output;
 mod server;
+mod signals;
 mod supervise;
 
 use std::process::ExitCode;

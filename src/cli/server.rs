@@ -66,6 +66,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
             ..bedrock::Limits::default()
         },
     };
+    let signals = super::signals::Signals::register().map_err(server::ServerError::Serve)?;
     let http = server::bind(&args.http).await?;
     let local = http.local_addr().map_err(server::ServerError::Serve)?;
     server::check_exposure(local, config.token.as_deref())?;
@@ -90,29 +91,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     tracing::info!(http = %local, bedrock = %bedrock_addr, "job server listening");
     let listeners = Listeners { http, bedrock };
     started
-        .serve(listeners, config.token, shutdown_signal())
+        .serve(listeners, config.token, signals.shutdown())
         .await?;
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(error) => {
-            tracing::error!(%error, "cannot watch SIGTERM; only Ctrl-C stops the server");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
-/// Logs which signal asked for the stop.
-pub fn shutdown_signal_names(name: &str) {
-    tracing::info!(signal = name, "stop requested");
 }

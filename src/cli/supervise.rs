@@ -8,14 +8,14 @@ use clap::Args;
 use tokio::sync::mpsc;
 
 use super::CliError;
-use super::server::shutdown_signal_names;
+use super::signals::Signals;
 use crate::client::{HttpSource, JobSource, LocalSource};
 use crate::config::{self, SupervisorOptions};
 use crate::server::bedrock::{self, DEFAULT_BEDROCK_ADDR};
 use crate::server::queue::QueueConfig;
 use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig};
 use crate::supervisor::gate::LoadSource;
-use crate::supervisor::{Control, Settings, Supervisor};
+use crate::supervisor::{Settings, Supervisor};
 
 /// The supervisor's command line.
 #[derive(Debug, Args)]
@@ -46,6 +46,8 @@ fn effective(args: &SuperviseArgs) -> Result<SupervisorOptions, config::ConfigEr
 
 /// Runs the supervisor until it drains.
 pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
+    let signals =
+        Signals::register().map_err(|e| CliError::Usage(format!("cannot watch signals: {e}")))?;
     let options = effective(&args).map_err(|e| CliError::Usage(e.to_string()))?;
     let token = args.token.clone().filter(|t| !t.is_empty());
     let db = options.db.clone().unwrap_or_else(server::default_db_path);
@@ -121,7 +123,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         Settings::resolve(&options, &reload_state)
     }));
     let (control, controls) = mpsc::unbounded_channel();
-    let signals = tokio::spawn(forward_signals(control));
+    let signals = tokio::spawn(signals.forward(control));
     let outcome = supervisor.run(controls).await;
     signals.abort();
     if let Some((stop, task)) = embedded {
@@ -147,31 +149,4 @@ pub fn connect(url: &str, token: Option<String>) -> Result<Arc<dyn JobSource>, C
     Err(CliError::Usage(format!(
         "bad --server {url:?}: expected http://HOST:PORT or bedrock://HOST:PORT"
     )))
-}
-
-/// Turns signals into control messages: SIGTERM/SIGINT drain (a second one
-/// stops running jobs now), SIGTSTP quiets, SIGHUP reloads.
-async fn forward_signals(control: mpsc::UnboundedSender<Control>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut tstp), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::from_raw(nix::libc::SIGTSTP)),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot watch signals; stop the supervisor with SIGKILL");
-        return;
-    };
-    let mut drains = 0;
-    loop {
-        let message = tokio::select! {
-            _ = term.recv() => { drains += 1; shutdown_signal_names("SIGTERM"); if drains > 1 { Control::StopNow } else { Control::Drain } }
-            _ = int.recv() => { drains += 1; shutdown_signal_names("SIGINT"); if drains > 1 { Control::StopNow } else { Control::Drain } }
-            _ = tstp.recv() => Control::Quiet,
-            _ = hup.recv() => Control::Reload,
-        };
-        if control.send(message).is_err() {
-            return;
-        }
-    }
 }

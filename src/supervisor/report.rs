@@ -100,12 +100,12 @@ pub fn decide(
             let delay = policy.delay(attempt);
             Decision {
                 report: Some(Report::Retry {
-                    delay_secs: delay.as_secs() as i64,
+                    delay_secs: whole_seconds(delay),
                     data: Some(with_details(data, finished, "tempfail", attempt)),
                 }),
                 summary: format!(
                     "asked to be retried (exit 75); retry in {}s",
-                    delay.as_secs()
+                    whole_seconds(delay)
                 ),
             }
         }
@@ -128,13 +128,13 @@ pub fn decide(
                 let delay = policy.delay(attempt);
                 Decision {
                     report: Some(Report::Retry {
-                        delay_secs: delay.as_secs() as i64,
+                        delay_secs: whole_seconds(delay),
                         data,
                     }),
                     summary: format!(
                         "failed: worker {what} (attempt {attempt} of {}); retry in {}s",
                         policy.max_attempts,
-                        delay.as_secs()
+                        whole_seconds(delay)
                     ),
                 }
             } else {
@@ -212,6 +212,11 @@ fn with_details(data: &Data, finished: &Finished, kind: &str, attempt: i64) -> D
         }
     }
     data
+}
+
+/// A delay in whole seconds, rounded up so that "later" is never "now".
+fn whole_seconds(delay: Duration) -> i64 {
+    delay.as_secs_f64().ceil() as i64
 }
 
 /// `SIGSEGV` for 11, and so on.

@@ -11,5 +11,6 @@ mod crash;
 mod hostile;
 mod leases;
 mod long_poll;
+mod openapi;
 mod repeat;
 mod supervisor;

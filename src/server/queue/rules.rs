@@ -562,6 +562,28 @@ pub fn heartbeat(
     Ok(Some(expires))
 }
 
+/// Gives every running job's lease at least one more term from now (at
+/// start-up, so that downtime does not lapse leases). Returns how many.
+pub fn extend_running_leases(tx: &mut Tracked) -> Result<usize, JobError> {
+    let now = tx.now;
+    let mut extended = 0;
+    for mut job in tx.store().expired_leases(Timestamp(i64::MAX), usize::MAX)? {
+        let Some(lease) = job.lease.as_mut() else {
+            continue;
+        };
+        let (Some(expires), Some(term)) = (lease.expires, lease.term_ms) else {
+            continue;
+        };
+        let renewed = now.plus_millis(term);
+        if renewed > expires {
+            lease.expires = Some(renewed);
+            tx.update(&job)?;
+            extended += 1;
+        }
+    }
+    Ok(extended)
+}
+
 /// Puts back running jobs whose lease lapsed; a job that lapsed
 /// `max_lapses` times is FAILED instead. Returns the ids put back and failed.
 pub fn expire_leases(

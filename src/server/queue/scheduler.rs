@@ -15,6 +15,17 @@ const MAX_NAMED: usize = 4096;
 /// Runs until the queue shuts down.
 pub(super) async fn run(queue: Queue) {
     let inner = &queue.inner;
+    // Time the server was down does not count against holders: leases
+    // still running get one more term from now, so a holder that kept
+    // working can renew or report before its job is handed out again.
+    match queue.write(rules::extend_running_leases).await {
+        Ok(0) => {}
+        Ok(extended) => tracing::info!(
+            extended,
+            "leases of jobs held before the restart extended by one term"
+        ),
+        Err(error) => tracing::error!(%error, "cannot extend the leases held before the restart"),
+    }
     let mut last = queue.now();
     let mut next = match tick(&queue, last).await {
         Ok((upto, next)) => {
