@@ -73,6 +73,20 @@ pub fn exit_code(result: &Result<(), CliError>) -> ExitCode {
     }
 }
 
+/// Serves metrics when asked; returns the ` metrics=ADDR` part of the ready
+/// line (empty when not serving).
+async fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<String, CliError> {
+    match addr {
+        Some(addr) => {
+            let local = crate::metrics::install(addr)
+                .await
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            Ok(format!(" metrics={local}"))
+        }
+        None => Ok(String::new()),
+    }
+}
+
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {

@@ -30,6 +30,9 @@ pub struct ServerArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// Serve Prometheus metrics on this address (at /metrics) [default: off]
+    #[arg(long, env = "JOBMGR_METRICS", value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Bedrock-port connections served at once; more are refused with 503.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub bedrock_max_connections: usize,
@@ -82,10 +85,11 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         }
         None => "none".to_string(),
     };
+    let metrics = super::serve_metrics(args.metrics).await?;
     let started = server::Server::start(&config)?;
     // One line on stdout when ready, for scripts and tests to wait on.
     println!(
-        "jobmgr server ready: http=http://{local} bedrock={bedrock_addr} db={}",
+        "jobmgr server ready: http=http://{local} bedrock={bedrock_addr} db={}{metrics}",
         config.db.display()
     );
     tracing::info!(http = %local, bedrock = %bedrock_addr, "job server listening");

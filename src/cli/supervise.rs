@@ -62,6 +62,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         CliError::Usage(format!("{e}; pass an existing directory as --worker-path"))
     })?;
 
+    let metrics = super::serve_metrics(options.metrics).await?;
     let mut embedded = None;
     let source: Arc<dyn JobSource> = match options.server.as_deref() {
         None => {
@@ -97,7 +98,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 },
             ));
             println!(
-                "jobmgr supervisor ready: server=embedded http=http://{http_local} bedrock={} db={}",
+                "jobmgr supervisor ready: server=embedded http=http://{http_local} bedrock={} db={}{metrics}",
                 bedrock_local.map_or("none".to_string(), |a| a.to_string()),
                 db.display()
             );
@@ -106,7 +107,10 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
         Some(url) => {
             let source = connect(url, token.clone())?;
-            println!("jobmgr supervisor ready: server={}", source.describe());
+            println!(
+                "jobmgr supervisor ready: server={}{metrics}",
+                source.describe()
+            );
             source
         }
     };

@@ -236,6 +236,7 @@ impl BedrockSource {
     fn failure(&self, what: &str, response: &Response) -> SourceError {
         let message = format!("{what} at {}: {}", self.describe(), response.status_line);
         match response.code {
+            404 => SourceError::NotFound(message),
             400..=499 => SourceError::Refused(message),
             500..=599 => SourceError::Unavailable(message),
             _ => SourceError::Protocol(format!("unexpected answer to {message}")),
@@ -379,10 +380,19 @@ impl JobSource for BedrockSource {
             let (request, data) = match report {
                 Report::Finish { data } => (Request::new("FinishJob"), data),
                 Report::Fail { data } => (Request::new("FailJob"), data),
-                Report::Retry { delay_secs, data } => (
-                    Request::new("RetryJob").value("delay", (*delay_secs).max(0)),
+                Report::Retry {
+                    delay_secs,
+                    ignore_repeat,
                     data,
-                ),
+                } => {
+                    let request = Request::new("RetryJob").value("delay", (*delay_secs).max(0));
+                    let request = if *ignore_repeat {
+                        request.value("ignoreRepeat", "true")
+                    } else {
+                        request
+                    };
+                    (request, data)
+                }
             };
             let mut request = request.value("jobID", id);
             if let Some(data) = data {
@@ -1113,7 +1123,7 @@ mod tests {
         };
         assert!(matches!(
             source.failure("x", &answer("404 No job")),
-            SourceError::Refused(_)
+            SourceError::NotFound(_)
         ));
         assert!(matches!(
             source.failure("x", &answer("405 Not held")),

@@ -34,6 +34,7 @@ fn source_error(error: ClientError) -> SourceError {
         ClientError::Api { status, .. } if status >= 500 => {
             SourceError::Unavailable(error.to_string())
         }
+        ClientError::Api { status: 404, .. } => SourceError::NotFound(error.to_string()),
         ClientError::Api { .. } => SourceError::Refused(error.to_string()),
     }
 }
@@ -104,11 +105,17 @@ impl JobSource for HttpSource {
     ) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
             let path = format!("/jobs/{}", job.id);
-            self.client
-                .quick(Method::PATCH, &path, Some(&json!({"data": data})))
-                .await
-                .map_err(source_error)?;
-            Ok(())
+            let mut body = json!({"data": data});
+            if let Some(lease) = &job.lease {
+                body["lease"] = json!(lease);
+            }
+            match self.client.quick(Method::PATCH, &path, Some(&body)).await {
+                Ok(_) => Ok(()),
+                Err(error) => Err(match source_error(error) {
+                    SourceError::LeaseLost(_) => SourceError::LeaseLost(job.id),
+                    other => other,
+                }),
+            }
         })
     }
 
@@ -125,8 +132,15 @@ impl JobSource for HttpSource {
             }
             let data = match report {
                 Report::Finish { data } | Report::Fail { data } => data,
-                Report::Retry { delay_secs, data } => {
+                Report::Retry {
+                    delay_secs,
+                    ignore_repeat,
+                    data,
+                } => {
                     body.insert("delay".into(), json!(delay_secs));
+                    if *ignore_repeat {
+                        body.insert("ignoreRepeat".into(), json!(true));
+                    }
                     data
                 }
             };

@@ -27,6 +27,7 @@ fn source_error(error: JobError) -> SourceError {
     match error {
         JobError::LeaseLost(id) => SourceError::LeaseLost(id),
         JobError::Store(_) | JobError::ShuttingDown => SourceError::Unavailable(error.to_string()),
+        JobError::NoSuchJob => SourceError::NotFound(error.status_line()),
         other => SourceError::Refused(other.status_line()),
     }
 }
@@ -82,6 +83,7 @@ impl JobSource for LocalSource {
                 clear_repeat: false,
                 priority: None,
                 next_run: None,
+                lease: job.lease.clone(),
             };
             self.queue.update(cmd).await.map_err(source_error)
         })
@@ -114,9 +116,14 @@ impl JobSource for LocalSource {
                         })
                         .await
                 }
-                Report::Retry { delay_secs, data } => {
+                Report::Retry {
+                    delay_secs,
+                    ignore_repeat,
+                    data,
+                } => {
                     let mut cmd = RetryJob::now(id);
                     cmd.delay_secs = *delay_secs;
+                    cmd.ignore_repeat = *ignore_repeat;
                     cmd.data = data.clone();
                     cmd.lease = lease;
                     self.queue.retry(cmd).await

@@ -26,6 +26,9 @@ pub struct LeasedJob {
     pub handout: Map<String, Value>,
     /// The lease token, when the server gives one.
     pub lease: Option<String>,
+    /// The term the server granted the lease for (each renewal extends it
+    /// by this much), when it says.
+    pub lease_term: Option<std::time::Duration>,
     /// Which hand-out of the job this is, from 1.
     pub attempt: i64,
 }
@@ -63,12 +66,18 @@ impl LeasedJob {
             .filter(|t| !t.is_empty())
             .map(str::to_string);
         let attempt = handout.get("attempt").and_then(Value::as_i64).unwrap_or(1);
+        let lease_term = handout
+            .get("leaseMs")
+            .and_then(Value::as_u64)
+            .filter(|&ms| ms > 0)
+            .map(std::time::Duration::from_millis);
         Ok(LeasedJob {
             id,
             name,
             data,
             handout,
             lease,
+            lease_term,
             attempt,
         })
     }
@@ -87,6 +96,10 @@ pub enum Report {
     Retry {
         /// Seconds to wait.
         delay_secs: i64,
+        /// Retry after the delay even if the job repeats (otherwise a
+        /// repeating job moves on to its next occurrence).
+        #[serde(default)]
+        ignore_repeat: bool,
         /// The new data.
         data: Option<Data>,
     },
@@ -117,7 +130,11 @@ pub enum SourceError {
     /// The lease was lost: the job is no longer ours. Stop and discard.
     #[error("lease lost on job {0}")]
     LeaseLost(JobId),
-    /// The server refused the call for good (the job is gone, not held, …).
+    /// The job does not exist (any more).
+    #[error("no such job on the job server: {0}")]
+    NotFound(String),
+    /// The server refused the call for good (the job is not held, a bad
+    /// parameter, …).
     #[error("job server refused: {0}")]
     Refused(String),
     /// The server answered something this client cannot read.

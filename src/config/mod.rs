@@ -103,6 +103,9 @@ pub struct SupervisorOptions {
     /// Embedded server: where its Bedrock port listens, or "none" [default: 127.0.0.1:8888]
     #[arg(long, value_name = "ADDR")]
     pub bedrock: Option<String>,
+    /// Serve Prometheus metrics on this address (at /metrics) [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Recurring jobs declared in the file (`[[schedule]]` tables).
     #[arg(skip)]
     pub schedule: Option<Vec<ScheduleEntry>>,
@@ -162,6 +165,7 @@ impl SupervisorOptions {
             db,
             http,
             bedrock,
+            metrics,
             schedule
         )
     }

@@ -116,6 +116,10 @@ pub struct UpdateJob {
     pub priority: Option<Priority>,
     /// An explicit next run.
     pub next_run: Option<Timestamp>,
+    /// The lease token of a holder reporting progress; a stale one is
+    /// refused, so a holder that lost its job cannot overwrite the new run's
+    /// data.
+    pub lease: Option<String>,
 }
 
 /// FinishJob.

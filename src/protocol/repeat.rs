@@ -103,8 +103,13 @@ impl Modifier {
             },
             [sign, number, unit] if *sign == "+" || *sign == "-" => Self::shift(sign, number, unit),
             [signed_number, unit] => {
-                let (sign, number) = signed_number.split_at(1.min(signed_number.len()));
-                Self::shift(sign, number, unit)
+                if let Some(number) = signed_number.strip_prefix('+') {
+                    Self::shift("+", number, unit)
+                } else if let Some(number) = signed_number.strip_prefix('-') {
+                    Self::shift("-", number, unit)
+                } else {
+                    None
+                }
             }
             _ => None,
         }
@@ -282,6 +287,9 @@ mod tests {
             "FINISHED, +1 HOUR; DROP TABLE jobs",
             "FINISHED, +1.5 HOURS",
             "FINISHED, localtime",
+            "FINISHED, é1 HOURS",
+            "é",
+            "FINISHED, €5 DAYS",
             "FINISHED, +1 HOUR,, ",
         ] {
             if text == "FINISHED, +1 HOUR,, " {
@@ -308,5 +316,7 @@ mod tests {
         assert_eq!(Modifier::parse_list("+5 MINUTES").unwrap().len(), 1);
         assert_eq!(Modifier::parse_list(""), None);
         assert_eq!(Modifier::parse_list("+5 MINUTES, bogus"), None);
+        assert_eq!(Modifier::parse_list("é5 MINUTES"), None);
+        assert_eq!(Modifier::parse("€"), None);
     }
 }

@@ -52,12 +52,6 @@ impl Timestamp {
         Timestamp(naive.and_utc().timestamp_millis())
     }
 
-    /// The time as `YYYY-MM-DD HH:MM:SS`, with `.mmm` only when the
-    /// milliseconds are not zero.
-    pub fn to_bedrock(self) -> String {
-        self.to_string()
-    }
-
     /// The time to the second, `YYYY-MM-DD HH:MM:SS`, the form SQLite's
     /// `datetime()` reads and writes.
     pub fn to_sqlite_seconds(self) -> String {

@@ -22,6 +22,8 @@ pub struct HandOut {
     pub lease_token: String,
     /// When the lease lapses, unless renewed; `None` when held until reported.
     pub lease_expires: Option<Timestamp>,
+    /// How long each renewal extends the lease, in milliseconds.
+    pub lease_term_ms: Option<i64>,
     /// Which hand-out of this job this is, from 1.
     pub attempt: i64,
 }
@@ -61,7 +63,9 @@ impl HandOut {
     }
 
     /// The Bedrock object plus the lease: `lease` (the token),
-    /// `leaseExpires` (or `""` when held until reported) and `attempt`.
+    /// `leaseExpires` (or `""` when held until reported), `leaseMs` (the
+    /// term each renewal grants, which for a job with `retryAfter` is its
+    /// `retryAfter`, not the term asked for) and `attempt`.
     pub fn leased_json(&self) -> Map<String, Value> {
         let mut out = self.bedrock_json();
         out.insert("lease".into(), json!(self.lease_token));
@@ -69,6 +73,9 @@ impl HandOut {
             "leaseExpires".into(),
             json!(time_or_empty(self.lease_expires)),
         );
+        if let Some(term) = self.lease_term_ms {
+            out.insert("leaseMs".into(), json!(term));
+        }
         out.insert("attempt".into(), json!(self.attempt));
         out
     }

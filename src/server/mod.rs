@@ -167,6 +167,7 @@ impl Server {
             }
             None => None,
         };
+        let gauges = tokio::spawn(report_queue(self.queue.clone(), stop.clone()));
         let app = http::router(self.queue.clone(), token);
         let queue = self.queue.clone();
         let signal = stop.clone();
@@ -185,8 +186,37 @@ impl Server {
         if let Some(bedrock) = bedrock {
             let _ = bedrock.await;
         }
+        gauges.abort();
+        // Put-backs of undelivered jobs still need the store.
+        self.queue.settle().await;
         self.store.close();
         result
+    }
+}
+
+/// Keeps the queue gauges (waiters, jobs by state) current, every 10 s,
+/// while a metrics endpoint is installed.
+async fn report_queue(queue: Queue, stop: CancellationToken) {
+    if !crate::metrics::installed() {
+        return;
+    }
+    loop {
+        if let Ok(counts) = queue.count_by_state().await {
+            let by_state: Vec<(&'static str, u64)> = crate::protocol::JobState::ALL
+                .iter()
+                .map(|s| {
+                    (
+                        s.as_str(),
+                        counts.iter().find(|(c, _)| c == s).map_or(0, |(_, n)| *n),
+                    )
+                })
+                .collect();
+            crate::metrics::server_queue(queue.waiting(), &by_state);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+        }
     }
 }
 

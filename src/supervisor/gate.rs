@@ -178,11 +178,6 @@ impl Gate {
         }
     }
 
-    /// The limits.
-    pub fn limits(&self) -> GateLimits {
-        self.limits
-    }
-
     /// Changes the limits (after a configuration reload).
     pub fn set_limits(&mut self, limits: GateLimits) {
         let ramp = limits.ramp.max(1);

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::Shared;
 use super::process::{self, PROGRESS_FD, WorkerSpec};
-use super::report::{self, DETAILS_KEY, Decision, NotRun};
+use super::report::{self, DETAILS_KEY, Decision, JobFacts, NotRun};
 use super::settings::Settings;
 use super::spool::Spooled;
 use super::worker_path::WorkerPath;
@@ -53,13 +53,32 @@ impl JobTask {
             .map_or(1, |a| a + 1)
     }
 
+    /// Whether the job repeats.
+    fn repeats(&self) -> bool {
+        self.job
+            .handout
+            .get("repeat")
+            .and_then(Value::as_str)
+            .is_some_and(|r| !r.is_empty())
+    }
+
     async fn run_job(self) {
         let attempt = self.attempt();
         let started = std::time::Instant::now();
         let settings = Arc::clone(&self.settings);
-        let decision = match self.run_worker(attempt).await {
+        let facts = JobFacts {
+            data: &self.job.data,
+            attempt,
+            repeats: self.repeats(),
+        };
+        let decision = match self.run_worker(facts).await {
             Ok(decision) => decision,
-            Err(why) => report::decide_not_run(&why, &self.job.data, attempt, &settings.retry),
+            Err(why) => {
+                if let NotRun::Busy(reason) = &why {
+                    self.shared.back_off(reason);
+                }
+                report::decide_not_run(&why, facts, &settings.retry)
+            }
         };
         let elapsed = started.elapsed();
         match &decision.report {
@@ -73,22 +92,27 @@ impl JobTask {
         }
     }
 
-    async fn run_worker(&self, attempt: i64) -> Result<Decision, NotRun> {
+    async fn run_worker(&self, facts: JobFacts<'_>) -> Result<Decision, NotRun> {
+        let attempt = facts.attempt;
         let settings = &self.settings;
         let program = WorkerPath::new(&settings.worker_path)
             .map_err(|e| NotRun::NoWorker(e.to_string()))?
             .resolve(&self.job.name)
             .map_err(|e| NotRun::NoWorker(e.to_string()))?;
         let scratch = Scratch::create(&settings.scratch_dir, self.job.id).map_err(|e| {
-            NotRun::SpawnFailed(format!(
-                "cannot create a scratch directory in {}: {e}",
-                settings.scratch_dir.display()
-            ))
+            not_started(
+                &e,
+                &format!(
+                    "cannot create a scratch directory in {}",
+                    settings.scratch_dir.display()
+                ),
+            )
         })?;
 
         let mut stdin_object = self.job.handout.clone();
         stdin_object.remove("lease");
         stdin_object.remove("leaseExpires");
+        stdin_object.remove("leaseMs");
         let mut stdin = serde_json::to_vec(&stdin_object).unwrap_or_default();
         stdin.push(b'\n');
 
@@ -110,6 +134,7 @@ impl JobTask {
                 self.shared.clone(),
                 self.job.clone(),
                 settings.lease,
+                settings.kill_grace,
                 lease_lost.clone(),
                 worker_stop.clone(),
                 watchers.clone(),
@@ -127,13 +152,35 @@ impl JobTask {
         );
 
         tracing::info!(worker = %program.display(), attempt, "starting worker");
+        let worker = program
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let due = self
+            .job
+            .handout
+            .get("nextRun")
+            .and_then(Value::as_str)
+            .and_then(crate::protocol::Timestamp::parse);
+        let latency =
+            due.map(|due| (crate::protocol::Timestamp::now().0 - due.0).max(0) as f64 / 1000.0);
+        crate::metrics::job_started(&worker, latency);
+        let run_started = std::time::Instant::now();
         let finished =
             process::run(&self.shared.launcher, spec, worker_stop, Some(progress_tx)).await;
         watchers.cancel();
         let _ = heartbeat.await;
         let _ = progress.await;
         drop(scratch);
-        let finished = finished.map_err(|e| NotRun::SpawnFailed(e.to_string()))?;
+        let finished = finished.map_err(|e| not_started(&e, "cannot start the worker"))?;
+        if finished.killed {
+            crate::metrics::kill_escalated();
+        }
+        for stream in [&finished.stdout, &finished.stderr] {
+            if stream.truncated {
+                crate::metrics::output_truncated();
+            }
+        }
         if finished.stdout.truncated || finished.stderr.truncated {
             tracing::warn!(
                 stdout_bytes = finished.stdout.total,
@@ -146,14 +193,20 @@ impl JobTask {
             tracing::debug!(stderr = %finished.stderr.text, "worker stderr");
         }
         let draining = self.shared.draining.load(Ordering::SeqCst) && self.stop.is_cancelled();
-        Ok(report::decide(
+        let decision = report::decide(
             &finished,
-            &self.job.data,
-            attempt,
+            facts,
             &settings.retry,
             lease_lost.load(Ordering::SeqCst),
             draining,
-        ))
+        );
+        crate::metrics::job_ended(
+            &worker,
+            decision.report.as_ref().map_or("lease_lost", |r| r.kind()),
+            run_started.elapsed().as_secs_f64(),
+            finished.ending == process::Ending::TimedOut,
+        );
+        Ok(decision)
     }
 
     /// The worker's whole environment: the allowed variables of the
@@ -215,12 +268,29 @@ impl JobTask {
     }
 }
 
-/// Renews the lease every third of its term. A lost lease (or one that could
-/// not be renewed before it lapsed) stops the worker.
+/// Sorts a failure to start a worker: out of processes, memory or file
+/// descriptors is the machine's state (back off); anything else is the
+/// worker's (a missing interpreter, no permission to execute, …).
+fn not_started(error: &std::io::Error, what: &str) -> NotRun {
+    use nix::libc::{EAGAIN, EMFILE, ENFILE, ENOMEM};
+    let reason = format!("{what}: {error}");
+    match error.raw_os_error() {
+        Some(EAGAIN | ENOMEM | EMFILE | ENFILE) => NotRun::Busy(reason),
+        _ => NotRun::CannotStart(reason),
+    }
+}
+
+/// Renews the lease often enough for the term the server granted (for a
+/// job with `retryAfter` that is its `retryAfter`, whatever was asked). A
+/// lost lease stops the worker. So does a lease that could not be renewed in
+/// time: the worker is stopped while the lease still holds, leaving it the
+/// kill grace (or a third of the term, if less) to end before anyone else
+/// can be handed the job.
 async fn heartbeat(
     shared: Arc<Shared>,
     job: LeasedJob,
-    lease: Duration,
+    asked: Duration,
+    grace: Duration,
     lost: Arc<AtomicBool>,
     worker_stop: CancellationToken,
     done: CancellationToken,
@@ -228,16 +298,30 @@ async fn heartbeat(
     if job.lease.is_none() {
         return;
     }
-    let every = lease / 3;
-    let mut renewed = tokio::time::Instant::now();
+    let granted = job.lease_term.unwrap_or(asked);
+    let every = (granted.min(asked) / 3).max(Duration::from_millis(100));
+    let margin = grace.min(granted / 3);
+    let mut valid_until = tokio::time::Instant::now() + granted;
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        match shared.source.heartbeat(&job).await {
-            Ok(()) => renewed = tokio::time::Instant::now(),
+        let sent = tokio::time::Instant::now();
+        let left = valid_until.saturating_duration_since(sent);
+        let outcome = match tokio::time::timeout(left, shared.source.heartbeat(&job)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(SourceError::Unavailable(
+                "the renewal did not answer in time".into(),
+            )),
+        };
+        match outcome {
+            Ok(()) => {
+                crate::metrics::lease_renewal("ok");
+                valid_until = sent + granted;
+            }
             Err(SourceError::LeaseLost(_)) => {
+                crate::metrics::lease_renewal("lost");
                 tracing::warn!(
                     "lease lost: the job was put back or handed to someone else; stopping the worker"
                 );
@@ -246,8 +330,10 @@ async fn heartbeat(
                 return;
             }
             Err(error) => {
-                if renewed.elapsed() >= lease {
-                    tracing::warn!(%error, "lease could not be renewed before it lapsed; stopping the worker");
+                crate::metrics::lease_renewal("failed");
+                let now = tokio::time::Instant::now();
+                if now + every + margin >= valid_until {
+                    tracing::warn!(%error, "lease could not be renewed and lapses soon; stopping the worker");
                     lost.store(true, Ordering::SeqCst);
                     worker_stop.cancel();
                     return;
@@ -268,29 +354,34 @@ async fn forward_progress(
 ) {
     let mut data = Value::Object(job.data.clone());
     let mut pending = false;
+    let mut closed = false;
     let mut last_sent = tokio::time::Instant::now() - PROGRESS_EVERY;
     loop {
         let next_send = last_sent + PROGRESS_EVERY;
+        if closed && !pending {
+            // The worker closed fd 3 and everything was sent.
+            done.cancelled().await;
+            return;
+        }
         tokio::select! {
             _ = done.cancelled() => return,
-            update = updates.recv() => match update {
+            update = updates.recv(), if !closed => match update {
                 Some(update) => {
                     json_patch::merge(&mut data, &Value::Object(update));
                     pending = true;
                 }
-                None => {
-                    // The worker closed fd 3; wait for the end.
-                    if !pending {
-                        done.cancelled().await;
-                        return;
-                    }
-                }
+                None => closed = true,
             },
             _ = tokio::time::sleep_until(next_send), if pending => {
-                if let Value::Object(map) = &data
-                    && let Err(error) = shared.source.update(&job, map).await
-                {
-                    tracing::debug!(%error, "progress update not delivered");
+                if let Value::Object(map) = &data {
+                    match shared.source.update(&job, map).await {
+                        Ok(()) => {}
+                        Err(SourceError::LeaseLost(_)) => {
+                            tracing::debug!("progress not delivered: the lease was lost");
+                            return;
+                        }
+                        Err(error) => tracing::debug!(%error, "progress update not delivered"),
+                    }
                 }
                 pending = false;
                 last_sent = tokio::time::Instant::now();

@@ -89,6 +89,29 @@ struct Shared {
     spool: Spool,
     courier: Notify,
     draining: AtomicBool,
+    busy_until: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    /// The machine could not start a worker (out of processes, memory or
+    /// descriptors): take no jobs for a few seconds.
+    fn back_off(&self, reason: &str) {
+        let until = Instant::now() + jittered(Duration::from_secs(5));
+        tracing::warn!(
+            reason,
+            "cannot start workers; taking no jobs for a few seconds"
+        );
+        *self.busy_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+    }
+
+    /// Until when fetching waits after a failure to start a worker.
+    fn busy_until(&self) -> Option<Instant> {
+        let mut slot = self.busy_until.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some_and(|until| until <= Instant::now()) {
+            *slot = None;
+        }
+        *slot
+    }
 }
 
 impl Supervisor {
@@ -124,12 +147,7 @@ impl Supervisor {
         let settings = self.settings();
         let spool =
             Spool::open(&settings.spool_dir).map_err(|e| SupervisorError::Io(e.to_string()))?;
-        std::fs::create_dir_all(&settings.scratch_dir).map_err(|e| {
-            SupervisorError::Io(format!(
-                "cannot create the scratch directory {}: {e}",
-                settings.scratch_dir.display()
-            ))
-        })?;
+        prepare_scratch_parent(&settings.scratch_dir)?;
         let launcher = Launcher::start(tokio::runtime::Handle::current())
             .map_err(|e| SupervisorError::Io(format!("cannot start the launcher thread: {e}")))?;
         let shared = Arc::new(Shared {
@@ -138,6 +156,7 @@ impl Supervisor {
             spool,
             courier: Notify::new(),
             draining: AtomicBool::new(false),
+            busy_until: std::sync::Mutex::new(None),
         });
         let courier_stop = CancellationToken::new();
         let courier = tokio::spawn(courier(Arc::clone(&shared), courier_stop.clone()));
@@ -194,11 +213,41 @@ impl Supervisor {
                 }
                 continue;
             }
+            if let Some(until) = shared.busy_until() {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                    Some(_) = workers.join_next(), if !workers.is_empty() => {}
+                    message = control.recv() => {
+                        if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
+                            break exit;
+                        }
+                    }
+                }
+                continue;
+            }
             gate.set_limits(settings.gate);
-            let slots = match gate.check(workers.len(), self.load.as_ref(), Instant::now()) {
+            let checked = gate.check(workers.len(), self.load.as_ref(), Instant::now());
+            let sample = gate.last_sample();
+            crate::metrics::gate(
+                checked
+                    .as_ref()
+                    .map_or_else(|closed| closed.name(), |_| "open"),
+                sample.map(|s| s.load1),
+                sample.map(|s| s.available_memory),
+            );
+            crate::metrics::workers_running(workers.len());
+            let slots = match checked {
                 Ok(slots) => {
                     if let Some(reason) = last_closed.take() {
-                        tracing::debug!(was = reason, running = workers.len(), "gate open");
+                        if matches!(reason, "full" | "ramp") {
+                            tracing::debug!(was = reason, running = workers.len(), "gate open");
+                        } else {
+                            tracing::info!(
+                                was = reason,
+                                running = workers.len(),
+                                "gate open: taking jobs again"
+                            );
+                        }
                     }
                     slots
                 }
@@ -268,6 +317,7 @@ impl Supervisor {
                             stop: stop_workers.child_token(),
                         };
                         workers.spawn(task.run());
+                        crate::metrics::workers_running(workers.len());
                     }
                 }
                 Err(error) => {
@@ -297,13 +347,18 @@ impl Supervisor {
         let drain_timeout = self.settings().drain_timeout;
         tracing::info!(running = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
         let deadline = tokio::time::Instant::now() + drain_timeout;
+        let mut control_open = true;
         while !workers.is_empty() {
             tokio::select! {
                 _ = workers.join_next() => {}
                 _ = tokio::time::sleep_until(deadline) => break,
-                message = control.recv() => if matches!(message, Some(Control::StopNow) | Some(Control::Drain)) {
-                    tracing::info!("asked again: stopping running jobs now");
-                    break;
+                message = control.recv(), if control_open => match message {
+                    Some(Control::StopNow) | Some(Control::Drain) => {
+                        tracing::info!("asked again: stopping running jobs now");
+                        break;
+                    }
+                    Some(_) => {}
+                    None => control_open = false,
                 },
             }
         }
@@ -378,6 +433,36 @@ impl Supervisor {
     }
 }
 
+/// Makes the directory scratch directories go in (mode 0700), and refuses
+/// one that someone else could tamper with: it must be ours and writable by
+/// nobody else, or another user could swap a job's directory under it.
+fn prepare_scratch_parent(dir: &std::path::Path) -> Result<(), SupervisorError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let fail =
+        |what: String| SupervisorError::Io(format!("scratch directory {}: {what}", dir.display()));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| fail(format!("cannot create it: {e}")))?;
+    let metadata = std::fs::symlink_metadata(dir).map_err(|e| fail(e.to_string()))?;
+    if !metadata.is_dir() {
+        return Err(fail("is not a directory".into()));
+    }
+    if metadata.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(fail(
+            "belongs to another user; use a directory of the supervisor's own (--scratch-dir)"
+                .into(),
+        ));
+    }
+    if metadata.mode() & 0o022 != 0 {
+        return Err(fail(
+            "is writable by other users; chmod 700 it or pick another --scratch-dir".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Starts syncing the declared jobs again (after a reload).
 fn restart_schedule(
     task: &mut Option<tokio::task::JoinHandle<()>>,
@@ -402,7 +487,10 @@ async fn keep_schedule(source: Arc<dyn JobSource>, settings: Arc<Settings>) {
                 if !(synced.declared.is_empty() && synced.removed.is_empty()) {
                     tracing::info!(declared = ?synced.declared, removed = ?synced.removed, unchanged = synced.unchanged.len(), "schedule synced");
                 }
-                return;
+                if !synced.pending {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(60)).await;
             }
             Err(error) => {
                 let wait = jittered(backoff);

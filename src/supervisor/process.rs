@@ -8,6 +8,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
@@ -134,8 +135,10 @@ pub async fn run(
             let _ = stdin.shutdown().await;
         }
     });
-    let stdout = tokio::spawn(drain(child.stdout.take(), spec.output_cap));
-    let stderr = tokio::spawn(drain(child.stderr.take(), spec.output_cap));
+    let stdout_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
+    let stderr_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
+    let stdout = tokio::spawn(drain(child.stdout.take(), Arc::clone(&stdout_capture)));
+    let stderr = tokio::spawn(drain(child.stderr.take(), Arc::clone(&stderr_capture)));
     let progress_task = tokio::spawn(read_progress(progress_read, progress));
 
     let mut killed = false;
@@ -155,8 +158,8 @@ pub async fn run(
     kill_group(pid, Signal::SIGKILL);
     writer.abort();
     progress_task.abort();
-    let stdout = collect(stdout, spec.output_cap).await;
-    let stderr = collect(stderr, spec.output_cap).await;
+    let stdout = collect(stdout, &stdout_capture).await;
+    let stderr = collect(stderr, &stderr_capture).await;
     Ok(Finished {
         ending,
         pid,
@@ -202,33 +205,42 @@ pub fn kill_group(pid: u32, signal: Signal) {
     }
 }
 
-async fn drain(stream: Option<impl AsyncRead + Unpin>, cap: usize) -> Capture {
-    let mut capture = Capture::new(cap);
-    let Some(mut stream) = stream else {
-        return capture;
-    };
+async fn drain(stream: Option<impl AsyncRead + Unpin>, capture: Arc<Mutex<Capture>>) {
+    let Some(mut stream) = stream else { return };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return capture,
-            Ok(n) => capture.push(&buf[..n]),
+            Ok(0) | Err(_) => return,
+            Ok(n) => capture
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(&buf[..n]),
         }
     }
 }
 
-/// Waits briefly for a drained stream: a process that escaped the group may
-/// hold the pipe open, and must not hold the report up.
-async fn collect(task: tokio::task::JoinHandle<Capture>, cap: usize) -> Captured {
-    match tokio::time::timeout(Duration::from_secs(2), task).await {
-        Ok(Ok(capture)) => capture.finish(),
-        Ok(Err(_)) => Capture::new(cap).finish(),
-        Err(_) => {
-            tracing::warn!(
-                "a process outside the worker's group still holds its output open; reporting without the rest"
-            );
-            Capture::new(cap).finish()
-        }
+/// Waits briefly for a stream to end: a process that escaped the group may
+/// hold the pipe open, and must not hold the report up. What was read is
+/// kept either way, and a cut-off capture says so.
+async fn collect(task: tokio::task::JoinHandle<()>, capture: &Mutex<Capture>) -> Captured {
+    let mut task = task;
+    let ended = tokio::time::timeout(Duration::from_secs(2), &mut task)
+        .await
+        .is_ok();
+    if !ended {
+        task.abort();
+        tracing::warn!(
+            "a process outside the worker's group still holds its output open; reporting what was read"
+        );
     }
+    let mut captured = capture.lock().unwrap_or_else(|e| e.into_inner()).finish();
+    if !ended {
+        captured.truncated = true;
+        captured
+            .text
+            .push_str("\n[… output cut: a process that left the worker's group held it open …]\n");
+    }
+    captured
 }
 
 async fn read_progress(

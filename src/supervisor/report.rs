@@ -47,8 +47,23 @@ impl RetryPolicy {
 pub enum NotRun {
     /// There is no worker for its name.
     NoWorker(String),
-    /// The worker could not be started (out of processes or memory, …).
-    SpawnFailed(String),
+    /// The machine is out of processes, memory or file descriptors: not the
+    /// job's fault; the supervisor backs off.
+    Busy(String),
+    /// The worker could not be started for a reason of its own (a missing
+    /// interpreter, no permission to execute, …); counts as a failed run.
+    CannotStart(String),
+}
+
+/// What the report needs to know about the job.
+#[derive(Debug, Clone, Copy)]
+pub struct JobFacts<'a> {
+    /// Its data as handed out.
+    pub data: &'a Data,
+    /// Which run of it this is, from 1.
+    pub attempt: i64,
+    /// Whether it repeats.
+    pub repeats: bool,
 }
 
 /// The outcome of a job, in words and data.
@@ -63,8 +78,7 @@ pub struct Decision {
 /// Decides the report for a worker that ran.
 pub fn decide(
     finished: &Finished,
-    data: &Data,
-    attempt: i64,
+    job: JobFacts<'_>,
     policy: &RetryPolicy,
     lease_lost: bool,
     draining: bool,
@@ -77,31 +91,47 @@ pub fn decide(
     }
     match finished.ending {
         Ending::Exited(0) => {
-            let new_data = finished
-                .stdout
-                .last_line
-                .as_deref()
-                .and_then(|line| serde_json::from_str::<Value>(line).ok())
-                .and_then(|value| match value {
-                    Value::Object(map) if data_len(&map) <= MAX_DATA_BYTES => Some(map),
-                    _ => None,
-                });
-            let summary = if new_data.is_some() {
-                "finished (exit 0); stdout's last line is the job's new data".to_string()
-            } else {
-                "finished (exit 0)".to_string()
+            let last_line = finished.stdout.last_line.as_deref();
+            let parsed = last_line.and_then(|line| serde_json::from_str::<Value>(line).ok());
+            let (new_data, note) = match parsed {
+                Some(Value::Object(map)) if data_len(&map) <= MAX_DATA_BYTES => {
+                    (Some(map), "; stdout's last line is the job's new data")
+                }
+                Some(Value::Object(_)) => (
+                    None,
+                    "; stdout's last line is a JSON object over 1 MiB, so the data is unchanged",
+                ),
+                _ if finished.stdout.truncated && last_line.is_none() => (
+                    None,
+                    "; stdout was cut by the output cap, so its last line was not read as data",
+                ),
+                _ => (None, ""),
+            };
+            // The details of earlier failed runs do not outlive a success.
+            let data = match new_data {
+                Some(mut map) => {
+                    map.remove(DETAILS_KEY);
+                    Some(map)
+                }
+                None if job.data.contains_key(DETAILS_KEY) => {
+                    let mut map = job.data.clone();
+                    map.remove(DETAILS_KEY);
+                    Some(map)
+                }
+                None => None,
             };
             Decision {
-                report: Some(Report::Finish { data: new_data }),
-                summary,
+                report: Some(Report::Finish { data }),
+                summary: format!("finished (exit 0){note}"),
             }
         }
         Ending::Exited(EX_TEMPFAIL) => {
-            let delay = policy.delay(attempt);
+            let delay = policy.delay(job.attempt);
             Decision {
                 report: Some(Report::Retry {
                     delay_secs: whole_seconds(delay),
-                    data: Some(with_details(data, finished, "tempfail", attempt)),
+                    ignore_repeat: true,
+                    data: Some(with_details(job.data, finished, "tempfail", job.attempt)),
                 }),
                 summary: format!(
                     "asked to be retried (exit 75); retry in {}s",
@@ -112,70 +142,112 @@ pub fn decide(
         Ending::Stopped if draining => Decision {
             report: Some(Report::Retry {
                 delay_secs: 0,
+                ignore_repeat: true,
                 data: None,
             }),
             summary: "stopped by shutdown; handed back for an immediate retry".into(),
         },
         ending => {
             let (kind, what) = match ending {
-                Ending::Exited(code) => ("exit", format!("exited with {code}")),
-                Ending::Signaled(signal) => ("signal", format!("died of {}", signal_name(signal))),
-                Ending::TimedOut => ("timeout", "timed out".to_string()),
-                Ending::Stopped => ("stopped", "was stopped".to_string()),
+                Ending::Exited(code) => ("exit", format!("worker exited with {code}")),
+                Ending::Signaled(signal) => {
+                    ("signal", format!("worker died of {}", signal_name(signal)))
+                }
+                Ending::TimedOut => ("timeout", "worker timed out".to_string()),
+                Ending::Stopped => ("stopped", "worker was stopped".to_string()),
             };
-            let data = Some(with_details(data, finished, kind, attempt));
-            if attempt < policy.max_attempts {
-                let delay = policy.delay(attempt);
-                Decision {
-                    report: Some(Report::Retry {
-                        delay_secs: whole_seconds(delay),
-                        data,
-                    }),
-                    summary: format!(
-                        "failed: worker {what} (attempt {attempt} of {}); retry in {}s",
-                        policy.max_attempts,
-                        whole_seconds(delay)
-                    ),
-                }
-            } else {
-                Decision {
-                    report: Some(Report::Fail { data }),
-                    summary: format!(
-                        "FAILED: worker {what} (attempt {attempt} of {})",
-                        policy.max_attempts
-                    ),
-                }
-            }
+            failure(
+                job,
+                policy,
+                with_details(job.data, finished, kind, job.attempt),
+                &what,
+            )
         }
     }
 }
 
+/// A failed run: retried with backoff until the attempts run out; then a
+/// one-off job is FAILED, and a repeating one moves on to its next
+/// occurrence (its schedule outlives one bad run) with the details in its
+/// data.
+fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Data, what: &str) -> Decision {
+    let attempt = job.attempt;
+    if attempt < policy.max_attempts {
+        let delay = policy.delay(attempt);
+        return Decision {
+            report: Some(Report::Retry {
+                delay_secs: whole_seconds(delay),
+                ignore_repeat: true,
+                data: Some(data),
+            }),
+            summary: format!(
+                "failed: {what} (attempt {attempt} of {}); retry in {}s",
+                policy.max_attempts,
+                whole_seconds(delay)
+            ),
+        };
+    }
+    if job.repeats {
+        return Decision {
+            report: Some(Report::Retry {
+                delay_secs: 0,
+                ignore_repeat: false,
+                data: Some(data),
+            }),
+            summary: format!(
+                "failed: {what} (attempt {attempt} of {}); giving up on this run, the job repeats at its next time",
+                policy.max_attempts
+            ),
+        };
+    }
+    Decision {
+        report: Some(Report::Fail { data: Some(data) }),
+        summary: format!(
+            "FAILED: {what} (attempt {attempt} of {})",
+            policy.max_attempts
+        ),
+    }
+}
+
 /// Decides the report for a job whose worker never ran.
-pub fn decide_not_run(why: &NotRun, data: &Data, attempt: i64, policy: &RetryPolicy) -> Decision {
+pub fn decide_not_run(why: &NotRun, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision {
+    let details = |outcome: &str, reason: &str| {
+        let mut data = job.data.clone();
+        data.insert(
+            DETAILS_KEY.into(),
+            json!({"outcome": outcome, "reason": reason, "attempt": job.attempt}),
+        );
+        data
+    };
     match why {
-        NotRun::NoWorker(reason) => {
-            let mut data = data.clone();
-            data.insert(
-                DETAILS_KEY.into(),
-                json!({"outcome": "no_worker", "reason": reason, "attempt": attempt}),
-            );
-            Decision {
-                report: Some(Report::Fail { data: Some(data) }),
-                summary: format!("FAILED: {reason}"),
-            }
-        }
-        NotRun::SpawnFailed(reason) => {
-            // Out of processes or memory is back-pressure, not the job's
-            // fault: retry soon without counting it against the job.
-            let delay = policy.backoff.min(Duration::from_secs(5)).as_secs().max(1) as i64;
+        NotRun::NoWorker(reason) => Decision {
+            report: Some(Report::Fail {
+                data: Some(details("no_worker", reason)),
+            }),
+            summary: format!("FAILED: {reason}"),
+        },
+        NotRun::Busy(reason) => {
+            let delay = policy
+                .backoff
+                .clamp(Duration::from_secs(1), Duration::from_secs(5));
             Decision {
                 report: Some(Report::Retry {
-                    delay_secs: delay,
+                    delay_secs: whole_seconds(delay),
+                    ignore_repeat: true,
                     data: None,
                 }),
-                summary: format!("could not start the worker ({reason}); retry in {delay}s"),
+                summary: format!(
+                    "could not start the worker ({reason}); the machine is out of room, retry in {}s",
+                    whole_seconds(delay)
+                ),
             }
         }
+        NotRun::CannotStart(reason) => failure(
+            job,
+            policy,
+            details("cannot_start", reason),
+            &format!("the worker could not be started: {reason}"),
+        ),
     }
 }
 
@@ -251,12 +323,20 @@ mod tests {
         }
     }
 
+    fn job(data: &Data, attempt: i64, repeats: bool) -> JobFacts<'_> {
+        JobFacts {
+            data,
+            attempt,
+            repeats,
+        }
+    }
+
     #[test]
     fn exit_zero_finishes_with_the_last_line_as_data() {
+        let empty = Data::new();
         let d = decide(
             &finished(Ending::Exited(0), "log\n{\"n\":2}\n"),
-            &Data::new(),
-            1,
+            job(&empty, 1, false),
             &policy(),
             false,
             false,
@@ -267,8 +347,7 @@ mod tests {
         assert_eq!(data["n"], 2);
         let d = decide(
             &finished(Ending::Exited(0), "{not json\n"),
-            &Data::new(),
-            1,
+            job(&empty, 1, false),
             &policy(),
             false,
             false,
@@ -277,20 +356,46 @@ mod tests {
     }
 
     #[test]
-    fn failures_retry_until_the_attempts_run_out() {
+    fn a_success_clears_the_details_of_earlier_failures() {
+        let mut data = Data::new();
+        data.insert("keep".into(), json!(1));
+        data.insert(DETAILS_KEY.into(), json!({"attempt": 2}));
         let d = decide(
-            &finished(Ending::Exited(2), ""),
-            &Data::new(),
-            1,
+            &finished(Ending::Exited(0), ""),
+            job(&data, 3, true),
             &policy(),
             false,
             false,
         );
-        assert!(matches!(d.report, Some(Report::Retry { .. })), "{d:?}");
+        let Some(Report::Finish { data: Some(data) }) = d.report else {
+            panic!("{d:?}")
+        };
+        assert_eq!(Value::Object(data), json!({"keep": 1}));
+    }
+
+    #[test]
+    fn failures_retry_until_the_attempts_run_out() {
+        let empty = Data::new();
+        let d = decide(
+            &finished(Ending::Exited(2), ""),
+            job(&empty, 1, false),
+            &policy(),
+            false,
+            false,
+        );
+        assert!(
+            matches!(
+                d.report,
+                Some(Report::Retry {
+                    ignore_repeat: true,
+                    ..
+                })
+            ),
+            "{d:?}"
+        );
         let d = decide(
             &finished(Ending::Signaled(11), ""),
-            &Data::new(),
-            3,
+            job(&empty, 3, false),
             &policy(),
             false,
             false,
@@ -303,12 +408,33 @@ mod tests {
     }
 
     #[test]
+    fn a_repeating_job_moves_on_after_its_last_attempt() {
+        let empty = Data::new();
+        let d = decide(
+            &finished(Ending::Exited(2), ""),
+            job(&empty, 3, true),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Retry {
+            ignore_repeat: false,
+            data: Some(data),
+            ..
+        }) = d.report
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(data[DETAILS_KEY]["exitCode"], 2);
+    }
+
+    #[test]
     fn lease_loss_reports_nothing_and_drain_hands_back() {
+        let empty = Data::new();
         assert_eq!(
             decide(
                 &finished(Ending::Exited(0), ""),
-                &Data::new(),
-                1,
+                job(&empty, 1, false),
                 &policy(),
                 true,
                 false
@@ -318,8 +444,7 @@ mod tests {
         );
         let d = decide(
             &finished(Ending::Stopped, ""),
-            &Data::new(),
-            1,
+            job(&empty, 1, true),
             &policy(),
             false,
             true,
@@ -328,9 +453,33 @@ mod tests {
             d.report,
             Some(Report::Retry {
                 delay_secs: 0,
+                ignore_repeat: true,
                 data: None
             })
         );
+    }
+
+    #[test]
+    fn spawn_failures_are_back_pressure_or_failures() {
+        let empty = Data::new();
+        let busy = decide_not_run(
+            &NotRun::Busy("EAGAIN".into()),
+            job(&empty, 1, false),
+            &policy(),
+        );
+        assert!(
+            matches!(busy.report, Some(Report::Retry { data: None, .. })),
+            "{busy:?}"
+        );
+        let bad = decide_not_run(
+            &NotRun::CannotStart("ENOENT".into()),
+            job(&empty, 3, false),
+            &policy(),
+        );
+        let Some(Report::Fail { data: Some(data) }) = bad.report else {
+            panic!("{bad:?}")
+        };
+        assert_eq!(data[DETAILS_KEY]["outcome"], "cannot_start");
     }
 
     #[test]

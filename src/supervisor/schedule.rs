@@ -37,6 +37,8 @@ pub struct Synced {
     pub unchanged: Vec<String>,
     /// Names whose jobs were deleted.
     pub removed: Vec<String>,
+    /// Whether some removal must be tried again later.
+    pub pending: bool,
 }
 
 fn entry_text(job: &CreateJob) -> String {
@@ -108,10 +110,10 @@ pub async fn sync(
             continue;
         };
         match source.delete(declared.job_id).await {
-            Ok(()) => {}
-            Err(SourceError::Refused(why)) if why.contains("404") || why.contains("No job") => {}
+            Ok(()) | Err(SourceError::NotFound(_)) => {}
             Err(SourceError::Refused(why)) => {
-                tracing::warn!(job_name = %name, job_id = declared.job_id, %why, "cannot delete a job removed from the schedule yet; trying again at the next sync");
+                tracing::warn!(job_name = %name, job_id = declared.job_id, %why, "cannot delete a job removed from the schedule yet (it may be running); trying again in a minute");
+                synced.pending = true;
                 continue;
             }
             Err(error) => return Err(error),

@@ -92,9 +92,15 @@ impl Settings {
             value.map_or(default, |d| d.0)
         };
         let lease = duration(options.lease, Duration::from_secs(30));
-        if lease < Duration::from_millis(300) {
+        if !(Duration::from_millis(300)..=Duration::from_secs(86_400)).contains(&lease) {
             return Err(setting(
-                "lease must be at least 300ms (it is renewed every third of it)".into(),
+                "lease must be between 300ms (it is renewed every third of it) and 24h".into(),
+            ));
+        }
+        let poll_wait = duration(options.poll_wait, Duration::from_secs(30));
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&poll_wait) {
+            return Err(setting(
+                "poll-wait must be between 1s and 1h: each fetch waits this long for a job".into(),
             ));
         }
         let max_attempts = options.max_attempts.unwrap_or(5);
@@ -149,7 +155,7 @@ impl Settings {
             kill_grace: duration(options.kill_grace, Duration::from_secs(10)),
             drain_timeout: duration(options.drain_timeout, Duration::from_secs(120)),
             lease,
-            poll_wait: duration(options.poll_wait, Duration::from_secs(30)),
+            poll_wait,
             retry: RetryPolicy {
                 max_attempts,
                 backoff: duration(options.backoff, Duration::from_secs(10)),
@@ -172,7 +178,7 @@ impl Settings {
             scratch_dir: options
                 .scratch_dir
                 .clone()
-                .unwrap_or_else(|| std::env::temp_dir().join("jobmgr")),
+                .unwrap_or_else(|| state_dir.join("scratch")),
             load: ProcLoad {
                 loadavg: options
                     .loadavg_path

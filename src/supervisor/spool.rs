@@ -1,8 +1,10 @@
 //! Reports the server could not take, kept on disk until it can. Each is one
 //! file, written and synced before the worker's job is forgotten, and
 //! removed only once the server has answered. A report delivered twice (a
-//! crash between delivery and removal) carries the same lease token, so the
-//! server refuses the second: the job's outcome counts exactly once.
+//! crash between delivery and removal) carries the same lease token, so a
+//! server that leases (jobmgr's) refuses the second: the job's outcome
+//! counts exactly once. A Bedrock server has no lease tokens; there the
+//! window between delivery and removal is the at-least-once window.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -133,6 +135,7 @@ mod tests {
             lease: Some("abc123".into()),
             report: Report::Retry {
                 delay_secs: 5,
+                ignore_repeat: true,
                 data: None,
             },
         };

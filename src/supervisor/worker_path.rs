@@ -51,11 +51,6 @@ impl WorkerPath {
         Ok(WorkerPath { root })
     }
 
-    /// The directory, resolved.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// The worker's file name for a job name: `www-prod/SendEmail?x=1` →
     /// `SendEmail`.
     pub fn worker_name(job_name: &str) -> Result<&str, NoWorker> {

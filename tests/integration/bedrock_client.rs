@@ -270,6 +270,7 @@ async fn retry_requeues_the_job_after_its_delay_with_new_data() {
     let before = chrono::Utc::now().timestamp_millis();
     let report = Report::Retry {
         delay_secs: 600,
+        ignore_repeat: false,
         data: Some(data(json!({"try": 2}))),
     };
     source.report(job.id, None, &report).await.expect("retry");
@@ -346,6 +347,7 @@ async fn reports_on_jobs_that_are_not_held_are_refused() {
         Report::Finish { data: None },
         Report::Retry {
             delay_secs: 0,
+            ignore_repeat: false,
             data: None,
         },
         Report::Fail { data: None },
@@ -367,14 +369,14 @@ async fn reports_on_jobs_that_are_not_held_are_refused() {
         .report(987_654_321, None, &Report::Finish { data: None })
         .await;
     assert!(
-        matches!(gone, Err(SourceError::Refused(_))),
+        matches!(gone, Err(SourceError::NotFound(_))),
         "finish of a missing job: {gone:?}"
     );
     let ghost =
         LeasedJob::from_handout(data(json!({"jobID": 987_654_321, "name": "ghost"}))).expect("job");
     let update = source.update(&ghost, &data(json!({}))).await;
     assert!(
-        matches!(update, Err(SourceError::Refused(_))),
+        matches!(update, Err(SourceError::NotFound(_))),
         "update of a missing job: {update:?}"
     );
     let bad = source.get_jobs("", 1, Duration::ZERO, LEASE).await;
@@ -448,7 +450,7 @@ async fn create_exists_and_delete_reach_the_server() {
     assert_eq!(state(&api, id).await, None);
     assert!(!source.exists(id).await.expect("exists after delete"));
     let again = source.delete(id).await;
-    assert!(matches!(again, Err(SourceError::Refused(_))), "{again:?}");
+    assert!(matches!(again, Err(SourceError::NotFound(_))), "{again:?}");
     let nameless = source.create(&CreateJob::named("")).await;
     assert!(
         matches!(nameless, Err(SourceError::Refused(_))),
@@ -980,6 +982,7 @@ async fn answers_map_to_errors_by_status_class() {
     );
     let retry = Report::Retry {
         delay_secs: -5,
+        ignore_repeat: false,
         data: Some(data(json!({"a": [1, 2]}))),
     };
     source.report(9, None, &retry).await.expect("retry");

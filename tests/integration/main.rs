@@ -3,6 +3,7 @@
 
 mod common;
 
+mod bedrock;
 mod bedrock_client;
 mod children;
 mod cli;
@@ -10,6 +11,7 @@ mod commands;
 mod crash;
 mod hostile;
 mod leases;
+mod lifecycle;
 mod long_poll;
 mod openapi;
 mod repeat;

@@ -129,7 +129,7 @@ impl<'a> Params<'a> {
     }
 }
 
-/// Runs one request. `wait_allowed` is false for `Connection: forget`.
+/// Runs one request and answers it; errors become their status lines.
 pub async fn run(queue: &Queue, request: &Request) -> Answer {
     match dispatch(queue, request).await {
         Ok(answer) => answer,
@@ -204,6 +204,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
                     .text("nextRun")
                     .map(|t| parse_time("nextRun", &t))
                     .transpose()?,
+                lease: None,
             };
             queue.update(cmd).await?;
             Ok(Answer::empty())

@@ -5,7 +5,8 @@
 
 use std::collections::HashMap;
 
-/// The largest request accepted, headers and body together. Job data (up to
+/// The largest request accepted, headers and body together, counting any
+/// blank lines before it. Job data (up to
 /// 1 MiB) travels in a header, so this leaves room for that and the rest.
 pub const MAX_REQUEST: usize = 2 * 1024 * 1024 + 64 * 1024;
 
@@ -67,72 +68,108 @@ impl FrameError {
 /// which the connection should be closed). Blank lines before a request are
 /// skipped.
 pub fn parse(buf: &[u8]) -> Result<Option<(Request, usize)>, FrameError> {
-    let mut pos = 0;
-    // Skip empty lines between pipelined requests.
-    loop {
-        match buf[pos..].iter().position(|&b| b == b'\n') {
-            Some(end)
-                if buf[pos..pos + end]
-                    .iter()
-                    .all(|&b| b == b'\r' || b == b' ' || b == b'\t') =>
-            {
-                pos += end + 1;
-            }
-            _ => break,
-        }
+    FrameReader::default().next(buf)
+}
+
+/// An incremental reader: fed a buffer that only grows at its end, it picks
+/// up where it stopped, so each byte is looked at once however slowly a
+/// request arrives.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    /// Where the current line starts.
+    line_start: usize,
+    /// Where the search for the current line's end resumes.
+    search_from: usize,
+    /// Where the current request starts, once its first line is complete.
+    start: Option<usize>,
+    /// Whether anything but blank space arrived for the request.
+    begun: bool,
+    method: Option<String>,
+    headers: HashMap<String, String>,
+    /// Where the body starts and how long it is, once the headers ended.
+    body: Option<(usize, usize)>,
+}
+
+impl FrameReader {
+    /// Whether a request has begun to arrive and is not complete.
+    pub fn in_request(&self) -> bool {
+        self.begun
     }
-    let start = pos;
-    let mut method = None;
-    let mut headers = HashMap::new();
-    loop {
-        let Some(end) = buf[pos..].iter().position(|&b| b == b'\n') else {
-            if buf.len() - start > MAX_REQUEST {
+
+    /// Reads on in `buf` (the same buffer as before, possibly longer).
+    /// After a request is returned with the count of bytes it used, the
+    /// reader starts afresh, expecting those bytes to be removed from the
+    /// front of the buffer.
+    pub fn next(&mut self, buf: &[u8]) -> Result<Option<(Request, usize)>, FrameError> {
+        loop {
+            if let Some((body_start, length)) = self.body {
+                if buf.len() < body_start + length {
+                    return Ok(None);
+                }
+                let request = Request {
+                    method: self.method.take().unwrap_or_default(),
+                    headers: std::mem::take(&mut self.headers),
+                    body: buf[body_start..body_start + length].to_vec(),
+                };
+                *self = FrameReader::default();
+                return Ok(Some((request, body_start + length)));
+            }
+            let Some(offset) = buf[self.search_from..].iter().position(|&b| b == b'\n') else {
+                let fresh = &buf[self.search_from..];
+                self.begun |= fresh.iter().any(|b| !b.is_ascii_whitespace());
+                self.search_from = buf.len();
+                if buf.len() > MAX_REQUEST {
+                    return Err(FrameError::TooLarge);
+                }
+                return Ok(None);
+            };
+            let end = self.search_from + offset;
+            let line_start = self.line_start;
+            let line = &buf[line_start..end];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            self.line_start = end + 1;
+            self.search_from = end + 1;
+            let Some(_) = self.start else {
+                if end + 1 > MAX_REQUEST {
+                    return Err(FrameError::TooLarge);
+                }
+                if line.iter().all(|&b| b == b' ' || b == b'\t') {
+                    continue;
+                }
+                self.begun = true;
+                self.start = Some(line_start);
+                let text = String::from_utf8_lossy(line);
+                self.method = Some(text.split_whitespace().next().unwrap_or("").to_string());
+                continue;
+            };
+            if end + 1 > MAX_REQUEST {
                 return Err(FrameError::TooLarge);
             }
-            return Ok(None);
-        };
-        let line = &buf[pos..pos + end];
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        pos += end + 1;
-        if pos - start > MAX_REQUEST {
-            return Err(FrameError::TooLarge);
+            let text = String::from_utf8_lossy(line);
+            if text.trim().is_empty() {
+                let length = match self.headers.get("content-length") {
+                    None => 0,
+                    Some(text) => text
+                        .trim()
+                        .parse::<usize>()
+                        .map_err(|_| FrameError::BadContentLength)?,
+                };
+                if length > MAX_REQUEST || end + 1 + length > MAX_REQUEST {
+                    return Err(FrameError::TooLarge);
+                }
+                self.body = Some((end + 1, length));
+                continue;
+            }
+            let Some((name, value)) = text.split_once(':') else {
+                return Err(FrameError::BadHeader);
+            };
+            if self.headers.len() >= MAX_HEADERS {
+                return Err(FrameError::TooLarge);
+            }
+            self.headers
+                .insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
         }
-        let text = String::from_utf8_lossy(line);
-        if method.is_none() {
-            method = Some(text.split_whitespace().next().unwrap_or("").to_string());
-            continue;
-        }
-        if text.trim().is_empty() {
-            break;
-        }
-        let Some((name, value)) = text.split_once(':') else {
-            return Err(FrameError::BadHeader);
-        };
-        if headers.len() >= MAX_HEADERS {
-            return Err(FrameError::TooLarge);
-        }
-        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
     }
-    let length = match headers.get("content-length") {
-        None => 0,
-        Some(text) => text
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| FrameError::BadContentLength)?,
-    };
-    if length > MAX_REQUEST || pos - start + length > MAX_REQUEST {
-        return Err(FrameError::TooLarge);
-    }
-    if buf.len() < pos + length {
-        return Ok(None);
-    }
-    let body = buf[pos..pos + length].to_vec();
-    let request = Request {
-        method: method.unwrap_or_default(),
-        headers,
-        body,
-    };
-    Ok(Some((request, pos + length)))
 }
 
 /// Undoes Bedrock's header escapes: `\n`, `\r`, `\t`, `\\` and `\uXXXX`.
@@ -243,6 +280,22 @@ mod tests {
             parse(b"X\r\nno colon here\r\n\r\n"),
             Err(FrameError::BadHeader)
         );
+    }
+
+    #[test]
+    fn reading_in_pieces_gives_the_same_request() {
+        let bytes: &[u8] = b"\r\n  \nCreateJob\r\nname: a\r\nContent-Length: 4\r\n\r\nbodyGetJob\n";
+        let whole = parse(bytes).unwrap().unwrap();
+        let mut reader = FrameReader::default();
+        let mut got = None;
+        for end in 0..=bytes.len() {
+            if let Some(found) = reader.next(&bytes[..end]).unwrap() {
+                got = Some(found);
+                break;
+            }
+        }
+        assert_eq!(got, Some(whole));
+        assert!(!reader.in_request());
     }
 
     #[test]

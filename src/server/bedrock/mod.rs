@@ -67,6 +67,7 @@ pub async fn serve(
 ) {
     let token: Option<Arc<str>> = token.map(Arc::from);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let open = tokio_util::task::TaskTracker::new();
     // The budget counts KiB so that it fits a semaphore's permit count.
     let budget = Arc::new(Semaphore::new(limits.buffer_budget / 1024));
     loop {
@@ -100,14 +101,20 @@ pub async fn serve(
             budget: Arc::clone(&budget),
             borrowed: Vec::new(),
             buf: Vec::new(),
+            pos: 0,
+            reader: frame::FrameReader::default(),
             shutdown: shutdown.clone(),
             token: token.clone(),
         };
-        tokio::spawn(async move {
+        open.spawn(async move {
             connection.run().await;
             drop(permit);
         });
     }
+    // Connections end once their current request is answered; their
+    // undelivered jobs must be put back before the store closes.
+    open.close();
+    open.wait().await;
     tracing::debug!("Bedrock port closed");
 }
 
@@ -123,7 +130,10 @@ struct Connection {
     limits: Limits,
     budget: Arc<Semaphore>,
     borrowed: Vec<OwnedSemaphorePermit>,
+    /// Bytes received; those before `pos` are already answered.
     buf: Vec<u8>,
+    pos: usize,
+    reader: frame::FrameReader,
     shutdown: CancellationToken,
     token: Option<Arc<str>>,
 }
@@ -139,14 +149,13 @@ impl Connection {
     async fn run(mut self) {
         let mut request_started: Option<Instant> = None;
         loop {
-            match frame::parse(&self.buf) {
+            match self.reader.next(&self.buf[self.pos..]) {
                 Err(error) => {
                     self.refuse(error).await;
                     return;
                 }
                 Ok(Some((request, used))) => {
-                    self.buf.drain(..used);
-                    self.release_budget();
+                    self.consume(used);
                     request_started = None;
                     match self.answer(request).await {
                         After::KeepOpen => continue,
@@ -154,7 +163,7 @@ impl Connection {
                     }
                 }
                 Ok(None) => {
-                    let partial = self.buf.iter().any(|b| !b.is_ascii_whitespace());
+                    let partial = self.reader.in_request();
                     let deadline = if partial {
                         *request_started.get_or_insert_with(Instant::now)
                             + self.limits.request_timeout
@@ -203,6 +212,21 @@ impl Connection {
         }
     }
 
+    /// Drops `used` answered bytes from the front; the buffer is compacted
+    /// only once they are the larger part, so pipelined requests cost
+    /// linear time.
+    fn consume(&mut self, used: usize) {
+        self.pos += used;
+        if self.pos >= self.buf.len() {
+            self.buf.clear();
+            self.pos = 0;
+        } else if self.pos > self.buf.len() / 2 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        self.release_budget();
+    }
+
     /// Draws on the shared budget for bytes buffered beyond the free share.
     fn borrow_budget(&mut self) -> Result<(), ReadEnd> {
         let held_kib: usize = self.borrowed.iter().map(|p| p.num_permits()).sum();
@@ -223,6 +247,35 @@ impl Connection {
             if self.buf.capacity() > 4 * FREE_BUFFER {
                 self.buf.shrink_to(FREE_BUFFER);
             }
+        }
+    }
+
+    /// Whether the client has closed the connection, without waiting:
+    /// bytes already sent (pipelined requests) are kept.
+    fn peer_gone(&mut self) -> bool {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            match self.stream.try_read(&mut chunk) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    if self.buf.len() > 2 * frame::MAX_REQUEST {
+                        return true;
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    async fn put_back(&self, handouts: Vec<crate::protocol::view::HandOut>) {
+        if handouts.is_empty() {
+            return;
+        }
+        tracing::info!("Bedrock client could not take its jobs; putting them back");
+        if let Err(error) = self.queue.return_undelivered(handouts).await {
+            tracing::error!(%error, "could not put back undelivered jobs");
         }
     }
 
@@ -275,27 +328,26 @@ impl Connection {
         }
 
         let method = request.method.to_ascii_lowercase();
-        let waits = (method == "getjob" || method == "getjobs")
-            && request
-                .header("connection")
-                .is_some_and(|c| c.eq_ignore_ascii_case("wait"));
+        let takes_jobs = method == "getjob" || method == "getjobs";
         let mut hung_up = false;
         let answer = {
             let queue = self.queue.clone();
             let run = commands::run(&queue, &request);
             tokio::pin!(run);
             // While the command runs (a held GetJob may take minutes), watch
-            // the socket: a waiting client that hangs up must not be handed a
-            // job. Other commands run to the end; their answer is still sent
-            // to a client that only closed its sending side.
+            // the socket: a client that hangs up before its GetJob is
+            // answered must not be handed a job (dropping the command puts
+            // back anything it took). Other commands run to the end; their
+            // answer is still sent to a client that only closed its sending
+            // side.
             loop {
                 let mut chunk = [0u8; 16 * 1024];
                 tokio::select! {
-                    answer = &mut run => break answer,
+                    biased;
                     read = self.stream.read(&mut chunk), if !hung_up => match read {
                         Ok(0) | Err(_) => {
-                            if waits {
-                                tracing::debug!("Bedrock client went away while waiting for a job");
+                            if takes_jobs {
+                                tracing::debug!("Bedrock client went away before its GetJob was answered");
                                 return After::Close;
                             }
                             hung_up = true;
@@ -308,21 +360,25 @@ impl Connection {
                             }
                         }
                     },
+                    answer = &mut run => break answer,
                 }
             }
         };
+        // A hang-up that arrived as the jobs were taken: the answer would
+        // land in a socket nobody reads. Put them back.
+        if !answer.handouts.is_empty() && self.peer_gone() {
+            tracing::debug!("Bedrock client went away as its jobs were taken; putting them back");
+            self.put_back(answer.handouts).await;
+            return After::Close;
+        }
 
         let bytes = frame::response(&answer.status_line, &answer.body);
         if self.write(&bytes).await.is_err() {
-            if !answer.handouts.is_empty() {
-                tracing::info!("Bedrock client could not take its jobs; putting them back");
-                if let Err(error) = self.queue.return_undelivered(answer.handouts).await {
-                    tracing::error!(%error, "could not put back undelivered jobs");
-                }
-            }
+            self.put_back(answer.handouts).await;
             return After::Close;
         }
-        if connection == "close" || (hung_up && frame::parse(&self.buf).ok().flatten().is_none()) {
+        let another = || frame::parse(&self.buf[self.pos..]).ok().flatten().is_some();
+        if connection == "close" || (hung_up && !another()) {
             After::Close
         } else {
             After::KeepOpen

@@ -155,6 +155,7 @@ pub struct UpdateJobRequest {
     priority: Option<i64>,
     next_run: Option<String>,
     clear_repeat: Option<bool>,
+    lease: Option<String>,
 }
 
 impl UpdateJobRequest {
@@ -167,6 +168,7 @@ impl UpdateJobRequest {
             clear_repeat: self.clear_repeat.unwrap_or(false),
             priority: priority(self.priority)?,
             next_run: time("nextRun", self.next_run)?,
+            lease: self.lease,
         })
     }
 }

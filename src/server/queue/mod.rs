@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::protocol::view::HandOut;
 use crate::protocol::{
-    CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, RequeueJobs, RetryJob,
-    Timestamp, UpdateJob,
+    CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, Priority, RequeueJobs,
+    RetryJob, Timestamp, UpdateJob,
 };
 use crate::server::store::{ListQuery, Store};
 
@@ -73,6 +74,25 @@ struct Inner {
     config: QueueConfig,
     clock: Arc<dyn Clock>,
     shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// A claim's answer that its requester may stop waiting for: if dropped
+/// with the answer unread, the jobs in it are put back.
+struct Unread {
+    answer: Option<oneshot::Receiver<Result<Vec<HandOut>, JobError>>>,
+    queue: Queue,
+}
+
+impl Drop for Unread {
+    fn drop(&mut self) {
+        if let Some(mut answer) = self.answer.take() {
+            answer.close();
+            if let Ok(Ok(handouts)) = answer.try_recv() {
+                self.queue.put_back(handouts);
+            }
+        }
+    }
 }
 
 /// The scheduler's alarm: the earliest moment something is due, set by
@@ -124,6 +144,7 @@ impl Queue {
                 config,
                 clock,
                 shutdown: CancellationToken::new(),
+                tasks: TaskTracker::new(),
             }),
         };
         tokio::spawn(scheduler::run(queue.clone()));
@@ -227,6 +248,8 @@ impl Queue {
     ) -> Result<Vec<HandOut>, JobError> {
         let deadline = wait.map(|w| tokio::time::Instant::now() + w);
         let pattern = Arc::new(cmd.pattern.clone());
+        // Jobs this request was woken for and has not yet looked for.
+        let mut woken_for: Vec<(String, Priority)> = Vec::new();
         loop {
             let ticket = deadline.map(|_| {
                 self.inner
@@ -236,16 +259,20 @@ impl Queue {
             let handouts = self.claim(cmd.clone()).await?;
             if !handouts.is_empty() {
                 if let Some(ticket) = ticket {
-                    let cascade = ticket.was_woken() && handouts.len() == cmd.num_results;
-                    ticket.disarm();
-                    if cascade {
-                        // There may be more; let the next waiter look.
-                        let names: Vec<_> = handouts
+                    woken_for.extend(ticket.disarm());
+                }
+                if handouts.len() == cmd.num_results {
+                    // Full: jobs it was woken for and did not take (it took
+                    // better ones) may be due still; let the next waiter look.
+                    for handout in &handouts {
+                        if let Some(at) = woken_for
                             .iter()
-                            .map(|h| (h.job.name.clone(), h.job.priority))
-                            .collect();
-                        self.inner.waiters.wake(&names);
+                            .position(|(n, p)| *n == handout.job.name && *p == handout.job.priority)
+                        {
+                            woken_for.swap_remove(at);
+                        }
                     }
+                    self.inner.waiters.wake(&woken_for);
                 }
                 return Ok(handouts);
             }
@@ -253,44 +280,65 @@ impl Queue {
                 return Ok(handouts);
             };
             if self.is_shut_down() {
-                ticket.disarm();
                 return Ok(Vec::new());
             }
+            // Dropping the ticket (rather than disarming it) passes on a
+            // wake-up that raced with the end of the wait.
             tokio::select! {
-                _ = ticket.notified() => ticket.disarm(),
-                _ = tokio::time::sleep_until(deadline) => {
-                    ticket.disarm();
-                    return Ok(Vec::new());
-                }
-                _ = self.inner.shutdown.cancelled() => {
-                    ticket.disarm();
-                    return Ok(Vec::new());
-                }
+                _ = ticket.notified() => woken_for = ticket.disarm(),
+                _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),
+                _ = self.inner.shutdown.cancelled() => return Ok(Vec::new()),
             }
         }
     }
 
     /// Takes due jobs in a task of its own, so that a caller who goes away
-    /// mid-claim cannot strand them: if the answer finds nobody, the jobs
-    /// are put back.
+    /// mid-claim cannot strand them: whether the caller left before the
+    /// answer came or after it came but before it was read, the jobs are put
+    /// back.
     async fn claim(&self, cmd: GetJobs) -> Result<Vec<HandOut>, JobError> {
         let (answer, answered) = oneshot::channel();
         let queue = self.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             let result = queue.write(move |tx| rules::get_jobs(tx, &cmd)).await;
-            if let Err(Ok(handouts)) = answer.send(result)
-                && !handouts.is_empty()
-            {
-                tracing::info!(
-                    count = handouts.len(),
-                    "requester left before its jobs were delivered; putting them back"
-                );
-                if let Err(error) = queue.return_undelivered(handouts).await {
-                    tracing::error!(%error, "could not put back undelivered jobs; they return when their lease lapses");
-                }
+            if let Err(Ok(handouts)) = answer.send(result) {
+                queue.put_back(handouts);
             }
         });
-        answered.await.unwrap_or(Err(JobError::ShuttingDown))
+        let mut pending = Unread {
+            answer: Some(answered),
+            queue: self.clone(),
+        };
+        let result = match pending.answer.as_mut() {
+            Some(answer) => answer.await.unwrap_or(Err(JobError::ShuttingDown)),
+            None => Err(JobError::ShuttingDown),
+        };
+        pending.answer = None;
+        result
+    }
+
+    /// Puts back, in the background, hand-outs nobody received.
+    fn put_back(&self, handouts: Vec<HandOut>) {
+        if handouts.is_empty() {
+            return;
+        }
+        tracing::info!(
+            count = handouts.len(),
+            "requester left before its jobs were delivered; putting them back"
+        );
+        let queue = self.clone();
+        self.inner.tasks.spawn(async move {
+            if let Err(error) = queue.return_undelivered(handouts).await {
+                tracing::error!(%error, "could not put back undelivered jobs; a leased one returns when its lease lapses, one held until reported stays RUNNING until requeued");
+            }
+        });
+    }
+
+    /// Waits for the queue's background tasks (claims, put-backs) to end,
+    /// after [`Queue::shutdown`]. Call before closing the store.
+    pub async fn settle(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
     }
 
     /// Puts back jobs whose hand-out could not be delivered, as they were

@@ -195,6 +195,7 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
         }
         tx.update(&job)?;
         let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
+        let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
         handed.push(HandOut {
             job: snapshot,
             parent_data,
@@ -202,6 +203,7 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
             cancelled_children,
             lease_token: token,
             lease_expires,
+            lease_term_ms,
             attempt: job.attempts,
         });
     }
@@ -324,12 +326,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
 
     let pending_children: Vec<&Job> = children
         .iter()
-        .filter(|c| {
-            matches!(
-                c.state,
-                JobState::Queued | JobState::Runqueued | JobState::Running | JobState::Paused
-            )
-        })
+        .filter(|c| PENDING_CHILD.contains(&c.state))
         .collect();
     if matches!(report, Report::Finish(_)) && !pending_children.is_empty() {
         job.state = JobState::Paused;
@@ -447,7 +444,16 @@ pub fn fail(tx: &mut Tracked, cmd: &FailJob) -> Result<(), JobError> {
 pub fn update(tx: &mut Tracked, cmd: &UpdateJob) -> Result<(), JobError> {
     let now = tx.now;
     let mut job = tx.existing(cmd.id)?;
+    check_lease(&job, cmd.lease.as_deref())?;
+    // Progress from a holder replaces the data, but the hand-out count of a
+    // held retryAfter job is the server's bookkeeping, not the holder's.
+    let count = job.data.get(RETRY_AFTER_COUNT).cloned();
     job.data = cmd.data.clone();
+    if job.state.is_held()
+        && let Some(count) = count
+    {
+        job.data.entry(RETRY_AFTER_COUNT).or_insert(count);
+    }
     if let Some(priority) = cmd.priority {
         job.priority = priority;
     }

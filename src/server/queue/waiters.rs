@@ -9,6 +9,9 @@ use tokio::sync::Notify;
 
 use crate::protocol::{NamePattern, Priority};
 
+/// The most different job names one wake-up assigns one by one.
+pub const MAX_DISTINCT_NAMES: usize = 256;
+
 /// The jobs a waiter was woken for, shared between it and the list.
 type WokenFor = Arc<Mutex<Option<Vec<(String, Priority)>>>>;
 
@@ -83,32 +86,55 @@ impl Waiters {
 
     /// Wakes waiters for jobs that just became due: each job goes to the
     /// oldest matching waiter that still has room. Woken waiters leave the
-    /// list; they register again if they find nothing.
+    /// list; they register again if they find nothing. Past
+    /// [`MAX_DISTINCT_NAMES`] different names at once, every waiter is woken
+    /// instead, which bounds the work done under the list's lock.
     pub fn wake(&self, jobs: &[(String, Priority)]) {
         if jobs.is_empty() {
             return;
         }
-        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        let mut assigned: Vec<(usize, Vec<(String, Priority)>)> = Vec::new();
+        let mut distinct: Vec<((&str, Priority), usize)> = Vec::new();
         for (name, priority) in jobs {
-            let found = list.entries.iter().enumerate().find(|(index, entry)| {
-                let room = assigned
-                    .iter()
-                    .find(|(i, _)| i == index)
-                    .map_or(entry.want, |(_, got)| entry.want - got.len());
-                room > 0
-                    && entry.priority.is_none_or(|p| p == *priority)
-                    && entry.pattern.matches(name)
-            });
-            if let Some((index, _)) = found {
-                match assigned.iter_mut().find(|(i, _)| *i == index) {
-                    Some((_, got)) => got.push((name.clone(), *priority)),
-                    None => assigned.push((index, vec![(name.clone(), *priority)])),
+            match distinct
+                .iter_mut()
+                .find(|((n, p), _)| *n == name.as_str() && p == priority)
+            {
+                Some((_, count)) => *count += 1,
+                None => {
+                    if distinct.len() == MAX_DISTINCT_NAMES {
+                        self.wake_all();
+                        return;
+                    }
+                    distinct.push(((name.as_str(), *priority), 1));
                 }
             }
         }
-        assigned.sort_by_key(|(index, _)| std::cmp::Reverse(*index));
-        for (index, names) in assigned {
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut room: Vec<usize> = list.entries.iter().map(|e| e.want).collect();
+        let mut total_room: usize = room.iter().sum();
+        let mut assigned: Vec<Vec<(String, Priority)>> = vec![Vec::new(); room.len()];
+        for ((name, priority), mut count) in distinct {
+            for (index, entry) in list.entries.iter().enumerate() {
+                if count == 0 || total_room == 0 {
+                    break;
+                }
+                if room[index] == 0
+                    || entry.priority.is_some_and(|p| p != priority)
+                    || !entry.pattern.matches(name)
+                {
+                    continue;
+                }
+                let take = room[index].min(count);
+                room[index] -= take;
+                total_room -= take;
+                count -= take;
+                assigned[index].extend(std::iter::repeat_n((name.to_string(), priority), take));
+            }
+        }
+        for (index, names) in assigned.into_iter().enumerate().rev() {
+            if names.is_empty() {
+                continue;
+            }
             let entry = list.entries.remove(index);
             *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
             entry.notify.notify_one();
@@ -149,11 +175,16 @@ impl Ticket {
         self.notify.notified().await
     }
 
-    /// Ends the registration without passing anything on: the holder is
-    /// about to look for jobs itself.
-    pub fn disarm(mut self) {
+    /// Ends the registration without passing anything on, and returns what
+    /// it was woken for: the holder is about to look for those jobs itself.
+    pub fn disarm(mut self) -> Vec<(String, Priority)> {
         self.armed = false;
         self.waiters.remove(self.id);
+        self.woken_for
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default()
     }
 
     /// Whether this waiter was woken for some job.
@@ -241,8 +272,8 @@ mod tests {
         waiters.wake(&jobs);
         assert!(woken(&many).await);
         assert!(!woken(&next).await);
-        many.disarm();
-        next.disarm();
+        assert_eq!(many.disarm().len(), 3);
+        assert!(next.disarm().is_empty());
         assert!(waiters.is_empty());
     }
 }

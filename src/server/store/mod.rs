@@ -23,13 +23,6 @@ use tokio::sync::oneshot;
 
 use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
 
-/// A job to insert; the store assigns the id.
-#[derive(Debug, Clone)]
-pub struct NewJob {
-    /// Everything but the id, which is ignored.
-    pub job: Job,
-}
-
 /// Which jobs a listing wants.
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
@@ -127,7 +120,7 @@ impl dyn Store {
             });
             (keep, reply)
         }));
-        rx.await.unwrap_or(Err(JobError::ShuttingDown))
+        rx.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
     /// Runs `op` against a read snapshot.
@@ -140,6 +133,12 @@ impl dyn Store {
         self.submit_read(Box::new(move |store: &mut dyn StoreTx| {
             let _ = tx.send(op(store));
         }));
-        rx.await.unwrap_or(Err(JobError::ShuttingDown))
+        rx.await.unwrap_or_else(|_| Err(abandoned()))
     }
+}
+
+/// The error for an operation that ended without an answer (it panicked, or
+/// the store stopped under it).
+fn abandoned() -> JobError {
+    JobError::Store("the operation ended without an answer; see the server log".into())
 }

@@ -39,6 +39,9 @@ pub enum StoreOpenError {
         /// Why.
         source: std::io::Error,
     },
+    /// The writer thread could not be started.
+    #[error("cannot start the job store's writer thread: {0}")]
+    Thread(std::io::Error),
     /// The file was written by a newer jobmgr.
     #[error(
         "the job store's schema is version {found}, newer than this jobmgr supports ({supported}); upgrade jobmgr or use another --db"
@@ -198,15 +201,27 @@ fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>) {
 }
 
 fn run_group(conn: &Connection, group: Vec<WriteOp>) {
+    let mut waiting: std::collections::VecDeque<WriteOp> = group.into();
+    while !waiting.is_empty() {
+        run_transaction(conn, &mut waiting);
+    }
+}
+
+/// Runs operations from the front of `waiting` in one transaction and
+/// answers them after the commit. If SQLite ends the transaction on its own
+/// (it rolls back on I/O errors and a full disk), the operations run so far
+/// are answered with the error and the rest are left for a new transaction,
+/// so nothing ever runs outside a transaction.
+fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<WriteOp>) {
     if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
         let error = store_error(error);
-        for op in group {
+        for op in waiting.drain(..) {
             refuse(op, error.clone());
         }
         return;
     }
-    let mut replies: Vec<Reply> = Vec::with_capacity(group.len());
-    for op in group {
+    let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
+    while let Some(op) = waiting.pop_front() {
         if let Err(error) = conn.execute_batch("SAVEPOINT op") {
             refuse(op, store_error(error));
             continue;
@@ -218,15 +233,30 @@ fn run_group(conn: &Connection, group: Vec<WriteOp>) {
         } else {
             conn.execute_batch("ROLLBACK TO op; RELEASE op")
         };
-        if let Err(error) = ended {
+        if let Err(error) = &ended {
             tracing::error!(%error, "could not end a savepoint");
         }
         match outcome {
             Ok((_, reply)) => replies.push(reply),
             Err(_) => tracing::error!("a write operation panicked; its changes were rolled back"),
         }
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back.
+            let error = JobError::Store(match ended {
+                Err(error) => format!("the transaction was rolled back: {error}"),
+                Ok(()) => "the transaction was rolled back by SQLite".into(),
+            });
+            tracing::error!(%error, "a write group was rolled back; its operations are answered with the error");
+            replies
+                .into_iter()
+                .for_each(|reply| reply(Some(error.clone())));
+            return;
+        }
     }
-    match conn.execute_batch("COMMIT") {
+    let committing = std::time::Instant::now();
+    let committed = conn.execute_batch("COMMIT");
+    crate::metrics::commit(committing.elapsed().as_secs_f64());
+    match committed {
         Ok(()) => replies.into_iter().for_each(|reply| reply(None)),
         Err(error) => {
             let _ = conn.execute_batch("ROLLBACK");

@@ -436,6 +436,32 @@ impl Supervisor {
         }
     }
 
+    /// A supervisor running its own embedded server (store in its
+    /// directory, HTTP and Bedrock ports from the OS).
+    pub fn embedded() -> SupervisorBuilder {
+        let mut builder = Self::builder("");
+        let db = builder.dir.path().join("jobs.db");
+        builder.args = vec![
+            "--db".into(),
+            db.display().to_string(),
+            "--http".into(),
+            "127.0.0.1:0".into(),
+            "--bedrock".into(),
+            "127.0.0.1:0".into(),
+        ];
+        builder
+    }
+
+    /// A `key=value` field of the ready line (`http`, `bedrock`, `metrics`).
+    pub fn ready_field(&self, key: &str) -> String {
+        let prefix = format!("{key}=");
+        self.ready
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no {key}= in the ready line {:?}", self.ready))
+            .to_string()
+    }
+
     /// The worker directory.
     pub fn workers(&self) -> PathBuf {
         self.dir.path().join("workers")

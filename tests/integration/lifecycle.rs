@@ -1,0 +1,272 @@
+//! The supervisor's life: the embedded server, configuration files and
+//! SIGHUP, `--max-iterations`, the version watch file, declared recurring
+//! jobs, and the metrics endpoint.
+
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+use crate::common::*;
+
+const ECHO_DATA: &str = "#!/bin/sh\ncat > /dev/null\necho '{\"done\":true}'\n";
+
+/// Fetches `/metrics` from `addr` as text.
+fn scrape(addr: &str) -> String {
+    reqwest::blocking::get(format!("http://{addr}/metrics"))
+        .expect("scrape")
+        .text()
+        .expect("text")
+}
+
+/// The value of the first sample line of `series` whose labels contain all
+/// of `labels`.
+fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| line.starts_with(series) && line[series.len()..].starts_with(['{', ' ']))
+        .find(|line| labels.iter().all(|l| line.contains(l)))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn without_server_the_supervisor_runs_an_embedded_one_that_clients_can_reach() {
+    let sup = Supervisor::embedded().worker("Echo", ECHO_DATA).start();
+    let api = Api::new(&sup.ready_field("http"));
+    let id = api.create(json!({"name": "Echo", "repeat": "FINISHED, +1 HOUR"}));
+    let job = poll("the embedded server's job to run", || {
+        let job = api.job(id);
+        (job["data"]["done"] == true).then_some(job)
+    });
+    assert_eq!(job["state"], "QUEUED");
+    // Its Bedrock port answers too.
+    let answer = raw_exchange(
+        &sup.ready_field("bedrock"),
+        format!("QueryJob\r\njobID: {id}\r\n\r\n").as_bytes(),
+    );
+    assert!(answer.starts_with("200 OK"), "{answer}");
+}
+
+#[test]
+fn max_iterations_starts_that_many_jobs_then_drains_and_exits() {
+    let server = Server::start();
+    let api = server.api();
+    let ids: Vec<i64> = (0..5)
+        .map(|i| api.create(json!({"name": "Echo", "data": {"i": i}})))
+        .collect();
+    let mut sup = Supervisor::builder(&server.url)
+        .worker("Echo", ECHO_DATA)
+        .arg("--maxIterations")
+        .arg("2")
+        .start();
+    let status = sup.wait_exit();
+    assert!(status.success(), "{status:?}: {}", sup.stderr());
+    let gone = ids.iter().filter(|&&id| api.state(id).is_none()).count();
+    let queued = ids
+        .iter()
+        .filter(|&&id| api.state(id).as_deref() == Some("QUEUED"))
+        .count();
+    assert_eq!((gone, queued), (2, 3), "exactly two jobs ran");
+}
+
+#[test]
+fn a_changed_version_watch_file_drains_and_exits() {
+    let server = Server::start();
+    let api = server.api();
+    let builder =
+        Supervisor::builder(&server.url).worker("Slow", "#!/bin/sh\ncat > /dev/null\nsleep 2\n");
+    let version = builder.path().join("VERSION");
+    std::fs::write(&version, "1\n").unwrap();
+    let mut sup = builder
+        .arg("--versionWatchFile")
+        .arg(version.to_str().unwrap())
+        .start();
+    let id = api.create(json!({"name": "Slow"}));
+    poll("the slow job to start", || {
+        (api.state(id).as_deref() == Some("RUNNING")).then_some(())
+    });
+    std::fs::write(&version, "2\n").unwrap();
+    let status = sup.wait_exit();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        sup.stderr().contains("version watch file changed"),
+        "{}",
+        sup.stderr()
+    );
+    // The running job was let finish, not dropped.
+    assert_eq!(api.state(id), None, "the job finished before the exit");
+}
+
+#[test]
+fn sighup_applies_a_changed_config_to_the_next_job_without_dropping_the_running_one() {
+    let server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url)
+        .worker("Env", "#!/bin/sh\ncat > /dev/null\nsleep \"${NAP:-0}\"\necho \"{\\\"color\\\":\\\"$COLOR\\\"}\"\n");
+    let config = builder.path().join("jobmgr.toml");
+    std::fs::write(&config, "env = { COLOR = \"red\", NAP = \"2\" }\n").unwrap();
+    let sup = builder
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .start();
+
+    let first = api.create(json!({"name": "Env", "repeat": "FINISHED, +1 HOUR"}));
+    poll("the first job to run", || {
+        (api.state(first).as_deref() == Some("RUNNING")).then_some(())
+    });
+    std::fs::write(&config, "env = { COLOR = \"blue\" }\n").unwrap();
+    sup.signal(Signal::SIGHUP);
+    poll("the reload to be logged", || {
+        sup.stderr()
+            .contains("configuration reloaded")
+            .then_some(())
+    });
+
+    // The job that was running when the signal came kept its settings.
+    let job = poll("the first job to finish", || {
+        let job = api.job(first);
+        (job["state"] == "QUEUED").then_some(job)
+    });
+    assert_eq!(job["data"]["color"], "red", "{job}");
+    let second = api.create(json!({"name": "Env", "repeat": "FINISHED, +1 HOUR"}));
+    let job = poll("the second job to finish", || {
+        let job = api.job(second);
+        (job["state"] == "QUEUED" && job["data"]["color"].is_string()).then_some(job)
+    });
+    assert_eq!(job["data"]["color"], "blue", "{job}");
+
+    // A broken file is refused, naming the key, and the settings stay.
+    std::fs::write(&config, "colour = \"green\"\n").unwrap();
+    sup.signal(Signal::SIGHUP);
+    poll("the refusal to be logged", || {
+        let log = sup.stderr();
+        (log.contains("configuration not reloaded") && log.contains("colour")).then_some(())
+    });
+    let third = api.create(json!({"name": "Env", "repeat": "FINISHED, +1 HOUR"}));
+    let job = poll("the third job to finish", || {
+        let job = api.job(third);
+        (job["state"] == "QUEUED" && job["data"]["color"].is_string()).then_some(job)
+    });
+    assert_eq!(job["data"]["color"], "blue", "{job}");
+}
+
+#[test]
+fn a_bad_config_file_stops_the_start_with_the_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "worker-path = \"/tmp\"\nmax-lod = 3\n").unwrap();
+    let output = std::process::Command::new(bin())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .expect("run jobmgr");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("bad.toml") && stderr.contains("line 2") && stderr.contains("max-lod"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn declared_recurring_jobs_are_created_updated_and_removed_with_the_file() {
+    let builder = Supervisor::embedded().worker("Tick", "#!/bin/sh\ncat > /dev/null\n");
+    let config = builder.path().join("jobmgr.toml");
+    let declare = |entries: &str| std::fs::write(&config, entries).unwrap();
+    declare(
+        "[[schedule]]\nname = \"Tick\"\nrepeat = \"FINISHED, +1 HOUR\"\ndata = { size = 1 }\n\n\
+         [[schedule]]\nname = \"Tock\"\nrepeat = \"DAILY\"\n",
+    );
+    let sup = builder
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .start();
+    let api = Api::new(&sup.ready_field("http"));
+    let by_name = |name: &str| -> Option<serde_json::Value> {
+        let (_, answer) = api.get(&format!("/jobs?name={name}"));
+        answer["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.first().cloned())
+    };
+    let tick = poll("Tick to be declared", || by_name("Tick"));
+    poll("Tock to be declared", || by_name("Tock"));
+    assert_eq!(tick["repeat"], "FINISHED, +1 HOUR");
+    assert_eq!(tick["data"]["size"], 1);
+
+    // Change one entry, remove the other.
+    declare(
+        "[[schedule]]\nname = \"Tick\"\nrepeat = \"FINISHED, +2 HOURS\"\ndata = { size = 2 }\n",
+    );
+    sup.signal(Signal::SIGHUP);
+    let tick = poll("Tick to follow the file", || {
+        by_name("Tick").filter(|job| job["repeat"] == "FINISHED, +2 HOURS")
+    });
+    assert_eq!(tick["data"]["size"], 2);
+    poll("Tock to be removed", || {
+        by_name("Tock").is_none().then_some(())
+    });
+    let (_, all) = api.get("/jobs?name=Tick");
+    assert_eq!(
+        all["jobs"].as_array().map(Vec::len),
+        Some(1),
+        "no second Tick: {all}"
+    );
+}
+
+#[test]
+fn metrics_show_the_gate_and_the_jobs() {
+    let server = Server::start();
+    let api = server.api();
+    let sup = Supervisor::builder(&server.url)
+        .worker("Echo", ECHO_DATA)
+        .worker("Fail", "#!/bin/sh\nexit 3\n")
+        .arg("--metrics")
+        .arg("127.0.0.1:0")
+        .arg("--max-load")
+        .arg("2")
+        .arg("--max-attempts")
+        .arg("1")
+        .start();
+    let addr = sup.ready_field("metrics");
+    let ok = api.create(json!({"name": "Echo"}));
+    let bad = api.create(json!({"name": "Fail"}));
+    poll("both jobs to be reported", || {
+        (api.state(ok).is_none() && api.state(bad).as_deref() == Some("FAILED")).then_some(())
+    });
+    let text = poll("the counters to show", || {
+        let text = scrape(&addr);
+        (sample(&text, "jobmgr_jobs_failed_total", &["worker=\"Fail\""]) == Some(1.0))
+            .then_some(text)
+    });
+    assert_eq!(
+        sample(&text, "jobmgr_jobs_finished_total", &["worker=\"Echo\""]),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "jobmgr_jobs_started_total", &["worker=\"Echo\""]),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "jobmgr_job_run_seconds_count", &["worker=\"Echo\""]).is_some(),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "jobmgr_gate_state", &["state=\"open\""]),
+        Some(1.0),
+        "{text}"
+    );
+
+    // High load closes the gate, and the metrics say so.
+    sup.set_load(9.0);
+    let text = poll("the gate to show as closed by load", || {
+        let text = scrape(&addr);
+        (sample(&text, "jobmgr_gate_state", &["state=\"load\""]) == Some(1.0)).then_some(text)
+    });
+    assert_eq!(sample(&text, "jobmgr_load1", &[]), Some(9.0), "{text}");
+    assert_eq!(
+        sample(&text, "jobmgr_gate_state", &["state=\"open\""]),
+        Some(0.0),
+        "{text}"
+    );
+}
