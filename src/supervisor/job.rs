@@ -181,7 +181,8 @@ impl JobTask {
                 crate::metrics::output_truncated();
             }
         }
-        if finished.stdout.truncated || finished.stderr.truncated {
+        let cap = settings.output_cap as u64;
+        if finished.stdout.total > cap || finished.stderr.total > cap {
             tracing::warn!(
                 stdout_bytes = finished.stdout.total,
                 stderr_bytes = finished.stderr.total,

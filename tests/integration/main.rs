@@ -9,6 +9,7 @@ mod children;
 mod cli;
 mod commands;
 mod crash;
+mod edges;
 mod hostile;
 mod leases;
 mod lifecycle;

@@ -276,4 +276,38 @@ mod tests {
         assert!(next.disarm().is_empty());
         assert!(waiters.is_empty());
     }
+
+    #[tokio::test]
+    async fn many_different_names_wake_everyone_at_once() {
+        let waiters = Waiters::default();
+        let tickets: Vec<_> = (0..10)
+            .map(|i| waiters.register(glob(&format!("only-{i}")), None, 1))
+            .collect();
+        let jobs: Vec<_> = (0..=MAX_DISTINCT_NAMES)
+            .map(|i| (format!("name-{i}"), Priority::DEFAULT))
+            .collect();
+        waiters.wake(&jobs);
+        for ticket in &tickets {
+            assert!(
+                woken(ticket).await,
+                "past the limit every waiter looks for itself"
+            );
+        }
+        assert!(waiters.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_one_name_fills_waiters_in_order() {
+        let waiters = Waiters::default();
+        let a = waiters.register(glob("*"), None, 2);
+        let b = waiters.register(glob("*"), None, 2);
+        let c = waiters.register(glob("*"), None, 2);
+        let jobs: Vec<_> = (0..3)
+            .map(|_| ("same".to_string(), Priority::DEFAULT))
+            .collect();
+        waiters.wake(&jobs);
+        assert!(woken(&a).await && woken(&b).await && !woken(&c).await);
+        assert_eq!(a.disarm().len(), 2);
+        assert_eq!(b.disarm().len(), 1);
+    }
 }

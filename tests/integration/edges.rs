@@ -1,0 +1,297 @@
+//! Edge cases found in review, each a regression test: clients that go away
+//! at awkward moments, non-ASCII where ASCII was assumed, leases shorter
+//! than the supervisor's own, repeating jobs and their schedule, workers that
+//! cannot start or leave something holding their output.
+
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+fn ms(value: &Value) -> i64 {
+    let text = value.as_str().expect("a time");
+    jobmgr::protocol::Timestamp::parse(text)
+        .expect("a valid time")
+        .0
+}
+
+fn now_ms() -> i64 {
+    jobmgr::protocol::Timestamp::now().0
+}
+
+#[test]
+fn a_bedrock_client_that_hangs_up_after_get_job_is_handed_nothing() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "hangup"}));
+    let mut stream = TcpStream::connect(&server.bedrock).expect("connect");
+    stream
+        .write_all(b"GetJob\r\nname: hangup\r\n\r\n")
+        .expect("write");
+    stream.shutdown(Shutdown::Both).expect("shutdown");
+    drop(stream);
+    poll("the server to notice the hang-up", || {
+        let log = server.stderr();
+        (log.contains("went away before its GetJob was answered")
+            || log.contains("putting them back"))
+        .then_some(())
+    });
+    let job = poll("the job to be queued again", || {
+        let job = api.job(id);
+        (job["state"] == "QUEUED").then_some(job)
+    });
+    assert_eq!(
+        job["attempts"], 0,
+        "the undelivered hand-out does not count: {job}"
+    );
+    assert_eq!(api.take("hangup")["jobID"], id);
+}
+
+#[test]
+fn non_ascii_in_a_repeat_or_retry_after_is_refused_not_a_crash() {
+    let server = Server::start();
+    let api = server.api();
+    for repeat in ["FINISHED, é1 HOURS", "é", "FINISHED, €5 DAYS"] {
+        assert_error(
+            api.post("/jobs", json!({"name": "x", "repeat": repeat})),
+            400,
+            "malformed_repeat",
+        );
+    }
+    assert_error(
+        api.post("/jobs", json!({"name": "x", "retryAfter": "é5 MINUTES"})),
+        400,
+        "malformed_retry_after",
+    );
+    let answer = raw_exchange(
+        &server.bedrock,
+        "CreateJob\r\nname: x\r\nretryAfter: é5 MINUTES\r\n\r\n".as_bytes(),
+    );
+    assert!(answer.starts_with("402 Malformed retryAfter"), "{answer}");
+    assert_eq!(
+        server.api().get("/healthz").0,
+        200,
+        "the server is still up"
+    );
+}
+
+#[test]
+fn progress_under_a_lost_lease_is_refused_and_bookkeeping_survives_progress() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "progress", "data": {"v": 1}}));
+    let first = api.dequeue(json!({"name": "progress", "leaseMs": 200}))[0].clone();
+    poll("the lease to lapse", || {
+        (api.job(id)["lapses"] == 1).then_some(())
+    });
+    let second = api.take("progress");
+    assert_error(
+        api.patch(
+            &format!("/jobs/{id}"),
+            json!({"data": {"v": 99}, "lease": first["lease"]}),
+        ),
+        409,
+        "lease_lost",
+    );
+    assert_eq!(api.job(id)["data"], json!({"v": 1}));
+    let (status, answer) = api.patch(
+        &format!("/jobs/{id}"),
+        json!({"data": {"v": 2}, "lease": second["lease"]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(api.job(id)["data"], json!({"v": 2}));
+
+    // A held retryAfter job keeps its hand-out count through progress.
+    let counted = api.create(json!({"name": "counted", "retryAfter": "+1 HOURS"}));
+    let held = api.take("counted");
+    let (status, _) = api.patch(
+        &format!("/jobs/{counted}"),
+        json!({"data": {"progress": 1}, "lease": held["lease"]}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        api.job(counted)["data"],
+        json!({"progress": 1, "retryAfterCount": 1})
+    );
+}
+
+#[test]
+fn a_retry_after_shorter_than_the_supervisors_lease_is_renewed_in_time() {
+    let server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url);
+    let runs = builder.path().join("runs");
+    let sup = builder
+        .worker(
+            "Slow",
+            "#!/bin/sh\ncat > /dev/null\necho run >> \"$RUNS\"\nsleep 5\n",
+        )
+        .arg("--lease")
+        .arg("30s")
+        .arg("--env")
+        .arg(&format!("RUNS={}", runs.display()))
+        .start();
+    let id = api.create(json!({"name": "Slow", "retryAfter": "+2 SECONDS"}));
+    poll("the job to finish", || {
+        api.state(id).is_none().then_some(())
+    });
+    let text = std::fs::read_to_string(&runs).expect("runs file");
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "ran once, not again when the retryAfter passed: {}",
+        sup.stderr()
+    );
+}
+
+#[test]
+fn a_repeating_job_handed_back_at_drain_keeps_its_occurrence() {
+    let server = Server::start();
+    let api = server.api();
+    let mut sup = Supervisor::builder(&server.url)
+        .worker("Long", "#!/bin/sh\ncat > /dev/null\nsleep 60\n")
+        .arg("--drain-timeout")
+        .arg("1s")
+        .start();
+    let id = api.create(json!({"name": "Long", "repeat": "SCHEDULED, +1 DAY"}));
+    poll("the job to run", || {
+        (api.state(id).as_deref() == Some("RUNNING")).then_some(())
+    });
+    sup.signal(Signal::SIGTERM);
+    assert!(sup.wait_exit().success());
+    let job = api.job(id);
+    assert_eq!(job["state"], "QUEUED", "{job}");
+    assert!(
+        ms(&job["nextRun"]) <= now_ms() + 5_000,
+        "handed back for now, not tomorrow: {job}"
+    );
+}
+
+#[test]
+fn a_repeating_job_that_keeps_failing_moves_on_to_its_next_occurrence() {
+    let server = Server::start();
+    let api = server.api();
+    let _sup = Supervisor::builder(&server.url)
+        .worker("Broken", "#!/bin/sh\ncat > /dev/null\nexit 3\n")
+        .arg("--max-attempts")
+        .arg("1")
+        .start();
+    let before = now_ms();
+    let id = api.create(json!({"name": "Broken", "repeat": "FINISHED, +1 HOUR"}));
+    let job = poll("the failure to be reported", || {
+        let job = api.job(id);
+        (job["data"]["_jobmgr"]["exitCode"] == 3).then_some(job)
+    });
+    assert_eq!(job["state"], "QUEUED", "the schedule continues: {job}");
+    assert!(
+        ms(&job["nextRun"]) >= before + 3_500_000,
+        "at the next occurrence: {job}"
+    );
+}
+
+#[test]
+fn a_worker_that_cannot_start_fails_with_the_reason() {
+    let server = Server::start();
+    let api = server.api();
+    let _sup = Supervisor::builder(&server.url)
+        .worker("NoInterpreter", "#!/nonexistent/interpreter\n")
+        .worker("Fine", "#!/bin/sh\ncat > /dev/null\n")
+        .arg("--max-attempts")
+        .arg("1")
+        .start();
+    let bad = api.create(json!({"name": "NoInterpreter"}));
+    let job = poll("the job to fail", || {
+        let job = api.job(bad);
+        (job["state"] == "FAILED").then_some(job)
+    });
+    assert_eq!(job["data"]["_jobmgr"]["outcome"], "cannot_start", "{job}");
+    let good = api.create(json!({"name": "Fine"}));
+    poll("the supervisor to go on serving", || {
+        api.state(good).is_none().then_some(())
+    });
+}
+
+#[test]
+fn output_held_open_by_an_escaped_process_is_kept_and_the_job_reported() {
+    let server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url);
+    let pidfile = builder.path().join("escaped.pid");
+    let sup = builder
+        .worker(
+            "Escape",
+            "#!/bin/sh\ncat > /dev/null\nsetsid sleep 30 &\np=$!\necho $p > \"$PIDFILE\"\n\
+             # Wait until it has left the worker's session.\n\
+             while [ \"$(ps -o sid= -p $p | tr -d ' ')\" != \"$p\" ]; do sleep 0.05; done\n\
+             echo '{\"a\":1}'\n",
+        )
+        .arg("--env")
+        .arg(&format!("PIDFILE={}", pidfile.display()))
+        .start();
+    let id = api.create(json!({"name": "Escape", "repeat": "FINISHED, +1 HOUR"}));
+    let job = poll("the job to be reported", || {
+        let job = api.job(id);
+        (job["state"] == "QUEUED" && job["data"]["a"] == 1).then_some(job)
+    });
+    assert_eq!(
+        job["data"],
+        json!({"a": 1}),
+        "stdout's last line was read before the cut: {job}"
+    );
+    assert!(
+        sup.stderr().contains("still holds its output open"),
+        "{}",
+        sup.stderr()
+    );
+    // Clean up what this test started.
+    if let Some(pid) = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+#[test]
+fn a_scratch_directory_others_can_write_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let output = std::process::Command::new(bin())
+        .args(["--server", "http://127.0.0.1:9", "--worker-path"])
+        .arg(dir.path())
+        .arg("--scratch-dir")
+        .arg(&scratch)
+        .arg("--spool-dir")
+        .arg(dir.path().join("spool"))
+        .output()
+        .expect("run jobmgr");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("writable by other users"), "{stderr}");
+}
+
+#[test]
+fn unusable_poll_wait_and_lease_settings_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value, message) in [
+        ("--poll-wait", "0s", "poll-wait must be between"),
+        ("--poll-wait", "2h", "poll-wait must be between"),
+        ("--lease", "2d", "lease must be between"),
+    ] {
+        let output = std::process::Command::new(bin())
+            .args(["--server", "http://127.0.0.1:9", "--worker-path"])
+            .arg(dir.path())
+            .args([flag, value])
+            .output()
+            .expect("run jobmgr");
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(message), "{flag} {value}: {stderr}");
+    }
+}
