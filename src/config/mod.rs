@@ -103,12 +103,153 @@ pub struct SupervisorOptions {
     /// Embedded server: where its Bedrock port listens, or "none" [default: 127.0.0.1:8888]
     #[arg(long, value_name = "ADDR")]
     pub bedrock: Option<String>,
+    /// When running as root: the user workers run as [default: jobmgr, else nobody]; "root" must be said explicitly
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// The group workers run as [default: the user's]
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+    /// The umask workers start with, octal [default: 027]
+    #[arg(long, value_name = "MASK")]
+    pub umask: Option<String>,
+    /// rlimit: address space per worker process
+    #[arg(long, value_name = "SIZE")]
+    pub limit_as: Option<ByteSize>,
+    /// rlimit: CPU time per worker process
+    #[arg(long, value_name = "DURATION")]
+    pub limit_cpu: Option<HumanDuration>,
+    /// rlimit: open files per worker process
+    #[arg(long, value_name = "N")]
+    pub limit_nofile: Option<u64>,
+    /// rlimit: processes of the worker's user
+    #[arg(long, value_name = "N")]
+    pub limit_nproc: Option<u64>,
+    /// rlimit: largest file a worker may write
+    #[arg(long, value_name = "SIZE")]
+    pub limit_fsize: Option<ByteSize>,
+    /// rlimit: core dump size [default: 0, no core dumps]
+    #[arg(long, value_name = "SIZE")]
+    pub limit_core: Option<ByteSize>,
+    /// cgroup: memory of a job's whole process tree (needs cgroups)
+    #[arg(long, value_name = "SIZE")]
+    pub memory_max: Option<ByteSize>,
+    /// cgroup: processes of a job's whole tree [default: 4096 where cgroups exist]
+    #[arg(long, value_name = "N")]
+    pub pids_max: Option<u64>,
+    /// cgroup: CPUs' worth of time for a job's whole tree, e.g. 0.5 or 2 (needs cgroups)
+    #[arg(long, value_name = "CPUS")]
+    pub cpu_max: Option<f64>,
+    /// Give workers no network (needs root)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub no_network: Option<bool>,
+    /// Make the filesystem read-only for workers except their scratch directory (Landlock)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub read_only_fs: Option<bool>,
+    /// Give workers a /tmp of their own (needs root)
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub private_tmp: Option<bool>,
     /// Serve Prometheus metrics on this address (at /metrics) [default: off]
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
     /// Recurring jobs declared in the file (`[[schedule]]` tables).
     #[arg(skip)]
     pub schedule: Option<Vec<ScheduleEntry>>,
+    /// Settings for job names matching a GLOB (`[[job]]` tables); the first
+    /// matching table applies.
+    #[arg(skip)]
+    pub job: Option<Vec<JobRule>>,
+}
+
+/// Settings for the jobs whose names match `name` (a GLOB, or an exact
+/// name). Unset keys keep the supervisor-wide value.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct JobRule {
+    /// Which job names: a GLOB such as "batch/*".
+    pub name: String,
+    /// How long one of these jobs may run.
+    pub timeout: Option<HumanDuration>,
+    /// Time between SIGTERM and SIGKILL.
+    pub kill_grace: Option<HumanDuration>,
+    /// Runs before a failing job is FAILED.
+    pub max_attempts: Option<i64>,
+    /// First retry delay.
+    pub backoff: Option<HumanDuration>,
+    /// Longest retry delay.
+    pub max_backoff: Option<HumanDuration>,
+    /// Extra environment, added to the supervisor-wide one.
+    #[serde(default, deserialize_with = "env_table")]
+    pub env: Option<Vec<EnvPair>>,
+    /// The most of these jobs running at once on this supervisor.
+    pub max_concurrency: Option<usize>,
+    /// The user they run as.
+    pub user: Option<String>,
+    /// The group they run as.
+    pub group: Option<String>,
+    /// Their umask, octal.
+    pub umask: Option<String>,
+    /// rlimit: address space.
+    pub limit_as: Option<ByteSize>,
+    /// rlimit: CPU time.
+    pub limit_cpu: Option<HumanDuration>,
+    /// rlimit: open files.
+    pub limit_nofile: Option<u64>,
+    /// rlimit: processes of the user.
+    pub limit_nproc: Option<u64>,
+    /// rlimit: file size.
+    pub limit_fsize: Option<ByteSize>,
+    /// rlimit: core size.
+    pub limit_core: Option<ByteSize>,
+    /// cgroup: memory of the job's tree.
+    pub memory_max: Option<ByteSize>,
+    /// cgroup: processes of the job's tree.
+    pub pids_max: Option<u64>,
+    /// cgroup: CPUs' worth of time.
+    pub cpu_max: Option<f64>,
+    /// No network.
+    pub no_network: Option<bool>,
+    /// Read-only filesystem but the scratch directory.
+    pub read_only_fs: Option<bool>,
+    /// A /tmp of their own.
+    pub private_tmp: Option<bool>,
+}
+
+impl JobRule {
+    /// The supervisor-wide options with this rule's on top.
+    pub fn over(&self, base: &SupervisorOptions) -> SupervisorOptions {
+        let mut merged = base.clone();
+        macro_rules! take {
+            ($($field:ident),*) => { $( if self.$field.is_some() { merged.$field = self.$field.clone(); } )* };
+        }
+        take!(
+            timeout,
+            kill_grace,
+            max_attempts,
+            backoff,
+            max_backoff,
+            user,
+            group,
+            umask,
+            limit_as,
+            limit_cpu,
+            limit_nofile,
+            limit_nproc,
+            limit_fsize,
+            limit_core,
+            memory_max,
+            pids_max,
+            cpu_max,
+            no_network,
+            read_only_fs,
+            private_tmp
+        );
+        if let Some(extra) = &self.env {
+            let mut env = base.env.clone().unwrap_or_default();
+            env.extend(extra.iter().cloned());
+            merged.env = Some(env);
+        }
+        merged
+    }
 }
 
 /// A recurring job declared in a configuration file. On start and on
@@ -166,7 +307,23 @@ impl SupervisorOptions {
             http,
             bedrock,
             metrics,
-            schedule
+            user,
+            group,
+            umask,
+            limit_as,
+            limit_cpu,
+            limit_nofile,
+            limit_nproc,
+            limit_fsize,
+            limit_core,
+            memory_max,
+            pids_max,
+            cpu_max,
+            no_network,
+            read_only_fs,
+            private_tmp,
+            schedule,
+            job
         )
     }
 }

@@ -146,6 +146,7 @@ impl Server {
     ) -> Result<(), ServerError> {
         let local = listeners.http.local_addr().map_err(ServerError::Serve)?;
         check_exposure(local, token.as_deref())?;
+        self.queue.ready().await;
         let stop = CancellationToken::new();
         let bedrock = match listeners.bedrock {
             Some(listener) => {

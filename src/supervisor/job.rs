@@ -13,12 +13,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Shared;
 use super::process::{self, PROGRESS_FD, WorkerSpec};
 use super::report::{self, DETAILS_KEY, Decision, JobFacts, NotRun};
-use super::settings::Settings;
+use super::settings::JobSettings;
 use super::spool::Spooled;
 use super::worker_path::WorkerPath;
+use super::{Generation, Shared};
 use crate::client::{LeasedJob, Report, SourceError};
 use crate::protocol::Data;
 
@@ -28,7 +28,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// A job to run.
 pub(super) struct JobTask {
     pub shared: Arc<Shared>,
-    pub settings: Arc<Settings>,
+    pub generation: Arc<Generation>,
     pub job: LeasedJob,
     pub stop: CancellationToken,
 }
@@ -65,7 +65,7 @@ impl JobTask {
     async fn run_job(self) {
         let attempt = self.attempt();
         let started = std::time::Instant::now();
-        let settings = Arc::clone(&self.settings);
+        let retry = self.job_settings().retry;
         let facts = JobFacts {
             data: &self.job.data,
             attempt,
@@ -77,7 +77,7 @@ impl JobTask {
                 if let NotRun::Busy(reason) = &why {
                     self.shared.back_off(reason);
                 }
-                report::decide_not_run(&why, facts, &settings.retry)
+                report::decide_not_run(&why, facts, &retry)
             }
         };
         let elapsed = started.elapsed();
@@ -92,49 +92,35 @@ impl JobTask {
         }
     }
 
+    /// Which settings apply: 0 for the defaults, `i + 1` for the `i`-th
+    /// `[[job]]` table.
+    fn rule(&self) -> usize {
+        self.generation.settings.for_job(&self.job.name).0
+    }
+
+    /// The settings that apply to this job.
+    fn job_settings(&self) -> &JobSettings {
+        self.generation.settings.for_job(&self.job.name).1
+    }
+
     async fn run_worker(&self, facts: JobFacts<'_>) -> Result<Decision, NotRun> {
         let attempt = facts.attempt;
-        let settings = &self.settings;
-        let program = WorkerPath::new(&settings.worker_path)
-            .map_err(|e| NotRun::NoWorker(e.to_string()))?
-            .resolve(&self.job.name)
-            .map_err(|e| NotRun::NoWorker(e.to_string()))?;
-        let scratch = Scratch::create(&settings.scratch_dir, self.job.id).map_err(|e| {
-            not_started(
-                &e,
-                &format!(
-                    "cannot create a scratch directory in {}",
-                    settings.scratch_dir.display()
-                ),
-            )
-        })?;
+        let settings = &self.generation.settings;
+        let job_settings = self.job_settings();
+        let sandbox = &self.generation.sandboxes[self.rule()];
 
-        let mut stdin_object = self.job.handout.clone();
-        stdin_object.remove("lease");
-        stdin_object.remove("leaseExpires");
-        stdin_object.remove("leaseMs");
-        let mut stdin = serde_json::to_vec(&stdin_object).unwrap_or_default();
-        stdin.push(b'\n');
-
-        let spec = WorkerSpec {
-            program: program.clone(),
-            env: self.environment(attempt, &scratch.path),
-            cwd: scratch.path.clone(),
-            stdin,
-            timeout: settings.timeout,
-            grace: settings.kill_grace,
-            output_cap: settings.output_cap,
-        };
+        // Keep the lease from the start, also while waiting for a slot.
         let lease_lost = Arc::new(AtomicBool::new(false));
         let worker_stop = self.stop.child_token();
         let (progress_tx, progress_rx) = mpsc::channel(64);
         let watchers = CancellationToken::new();
+        let _stop_watchers = watchers.clone().drop_guard();
         let heartbeat = tokio::spawn(
             heartbeat(
                 self.shared.clone(),
                 self.job.clone(),
                 settings.lease,
-                settings.kill_grace,
+                job_settings.kill_grace,
                 lease_lost.clone(),
                 worker_stop.clone(),
                 watchers.clone(),
@@ -151,6 +137,64 @@ impl JobTask {
             .in_current_span(),
         );
 
+        // A `[[job]]` table's max-concurrency: wait for a slot.
+        let _slot = match &self.generation.slots[self.rule()] {
+            Some(slots) => {
+                let slots = Arc::clone(slots);
+                tokio::select! {
+                    permit = slots.acquire_owned() => permit.ok(),
+                    _ = worker_stop.cancelled() => {
+                        return Ok(if lease_lost.load(Ordering::SeqCst) {
+                            Decision { report: None, summary: "the lease was lost while waiting for a slot".into() }
+                        } else {
+                            Decision {
+                                report: Some(Report::Retry { delay_secs: 0, ignore_repeat: true, data: None }),
+                                summary: "stopped by shutdown while waiting for a slot; handed back".into(),
+                            }
+                        });
+                    }
+                }
+            }
+            None => None,
+        };
+
+        let program = WorkerPath::new(&settings.worker_path)
+            .map_err(|e| NotRun::NoWorker(e.to_string()))?
+            .resolve(&self.job.name)
+            .map_err(|e| NotRun::NoWorker(e.to_string()))?;
+        let scratch = Scratch::create(&settings.scratch_dir, self.job.id).map_err(|e| {
+            not_started(
+                &e,
+                &format!(
+                    "cannot create a scratch directory in {}",
+                    settings.scratch_dir.display()
+                ),
+            )
+        })?;
+        let owner = sandbox.credentials().map(|c| (c.uid, c.gid));
+        super::sandbox::hand_over(&scratch.path, owner).map_err(|e| {
+            not_started(&e, "cannot give the scratch directory to the worker's user")
+        })?;
+        let mut job_sandbox = sandbox
+            .job(self.job.id, &scratch.path)
+            .map_err(|e| not_started(&e, "cannot prepare the job's sandbox"))?;
+        let mut stdin_object = self.job.handout.clone();
+        stdin_object.remove("lease");
+        stdin_object.remove("leaseExpires");
+        stdin_object.remove("leaseMs");
+        let mut stdin = serde_json::to_vec(&stdin_object).unwrap_or_default();
+        stdin.push(b'\n');
+
+        let spec = WorkerSpec {
+            program: program.clone(),
+            env: self.environment(attempt, &scratch.path),
+            cwd: scratch.path.clone(),
+            stdin,
+            timeout: job_settings.timeout,
+            grace: job_settings.kill_grace,
+            output_cap: settings.output_cap,
+        };
+
         tracing::info!(worker = %program.display(), attempt, "starting worker");
         let worker = program
             .file_name()
@@ -166,13 +210,25 @@ impl JobTask {
             due.map(|due| (crate::protocol::Timestamp::now().0 - due.0).max(0) as f64 / 1000.0);
         crate::metrics::job_started(&worker, latency);
         let run_started = std::time::Instant::now();
-        let finished =
-            process::run(&self.shared.launcher, spec, worker_stop, Some(progress_tx)).await;
+        let finished = process::run(
+            &self.shared.launcher,
+            spec,
+            worker_stop,
+            Some(progress_tx),
+            job_sandbox.take_setup(),
+            job_sandbox.tree(),
+        )
+        .await;
+        let oom = job_sandbox.oom_killed();
+        // Removing cgroups waits for their processes to go: not on the async
+        // threads.
+        let _ = tokio::task::spawn_blocking(move || drop(job_sandbox)).await;
         watchers.cancel();
         let _ = heartbeat.await;
         let _ = progress.await;
         drop(scratch);
-        let finished = finished.map_err(|e| not_started(&e, "cannot start the worker"))?;
+        let mut finished = finished.map_err(|e| not_started(&e, "cannot start the worker"))?;
+        finished.oom = oom;
         if finished.killed {
             crate::metrics::kill_escalated();
         }
@@ -197,7 +253,7 @@ impl JobTask {
         let decision = report::decide(
             &finished,
             facts,
-            &settings.retry,
+            &job_settings.retry,
             lease_lost.load(Ordering::SeqCst),
             draining,
         );
@@ -214,7 +270,7 @@ impl JobTask {
     /// supervisor's own, the configured extras, and the job's.
     fn environment(&self, attempt: i64, scratch: &std::path::Path) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = Vec::new();
-        for name in &self.settings.env_allow {
+        for name in &self.generation.settings.env_allow {
             if let Ok(value) = std::env::var(name) {
                 env.push((name.clone(), value));
             }
@@ -222,7 +278,7 @@ impl JobTask {
         if !env.iter().any(|(k, _)| k == "PATH") {
             env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
         }
-        env.extend(self.settings.env.iter().cloned());
+        env.extend(self.job_settings().env.iter().cloned());
         let scratch = scratch.display().to_string();
         env.push(("HOME".into(), scratch.clone()));
         env.push(("TMPDIR".into(), scratch));

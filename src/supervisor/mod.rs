@@ -7,11 +7,14 @@
 //! fetching, SIGHUP reloads the configuration, and a change of the version
 //! watch file drains and exits for the service manager to restart it.
 
+pub mod cgroup;
 pub mod gate;
+pub mod landlock;
 pub mod launcher;
 pub mod output;
 pub mod process;
 pub mod report;
+pub mod sandbox;
 pub mod schedule;
 pub mod settings;
 pub mod spool;
@@ -77,6 +80,8 @@ pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>
 /// A supervisor, ready to run.
 pub struct Supervisor {
     settings: Arc<RwLock<Arc<Settings>>>,
+    generation: RwLock<Option<Arc<Generation>>>,
+    cgroups: std::sync::OnceLock<Result<Arc<cgroup::Cgroups>, String>>,
     source: Arc<dyn JobSource>,
     load: Arc<dyn LoadSource>,
     reload: Option<Reloader>,
@@ -90,6 +95,65 @@ struct Shared {
     courier: Notify,
     draining: AtomicBool,
     busy_until: std::sync::Mutex<Option<Instant>>,
+}
+
+/// Settings and what is built from them, swapped whole on reload: the
+/// sandboxes and the per-name concurrency limits of the defaults (index 0)
+/// and of each `[[job]]` table (index `i + 1`).
+pub(crate) struct Generation {
+    settings: Arc<Settings>,
+    sandboxes: Vec<Arc<sandbox::Sandbox>>,
+    slots: Vec<Option<Arc<tokio::sync::Semaphore>>>,
+}
+
+impl Generation {
+    fn build(
+        settings: Arc<Settings>,
+        cgroups: &Result<Arc<cgroup::Cgroups>, String>,
+    ) -> Result<Self, String> {
+        let all: Vec<&settings::JobSettings> = std::iter::once(&settings.job)
+            .chain(settings.rules.iter().map(|(_, job)| job))
+            .collect();
+        let mut sandboxes = Vec::new();
+        for job in &all {
+            if job.sandbox.private_tmp {
+                for (what, path) in [
+                    ("worker path", &settings.worker_path),
+                    ("scratch directory", &settings.scratch_dir),
+                ] {
+                    let resolved = path.canonicalize().unwrap_or_else(|_| path.clone());
+                    if resolved.starts_with("/tmp") {
+                        return Err(format!(
+                            "private-tmp hides /tmp from workers, but the {what} {} is under it; move it",
+                            path.display()
+                        ));
+                    }
+                }
+            }
+            let sandbox = sandbox::Sandbox::prepare(&job.sandbox, cgroups)
+                .map_err(|e| format!("cannot set up the worker sandbox: {e}"))?;
+            sandboxes.push(Arc::new(sandbox));
+        }
+        let slots = all
+            .iter()
+            .map(|job| {
+                job.max_concurrency
+                    .map(|n| Arc::new(tokio::sync::Semaphore::new(n)))
+            })
+            .collect();
+        Ok(Generation {
+            settings,
+            sandboxes,
+            slots,
+        })
+    }
+
+    fn describe(&self) {
+        tracing::info!("sandbox: {}", self.sandboxes[0].describe());
+        for (i, (pattern, _)) in self.settings.rules.iter().enumerate() {
+            tracing::info!(job = ?pattern, "sandbox for these jobs: {}", self.sandboxes[i + 1].describe());
+        }
+    }
 }
 
 impl Shared {
@@ -120,6 +184,8 @@ impl Supervisor {
     pub fn new(settings: Settings, source: Arc<dyn JobSource>, load: Arc<dyn LoadSource>) -> Self {
         Supervisor {
             settings: Arc::new(RwLock::new(Arc::new(settings))),
+            generation: RwLock::new(None),
+            cgroups: std::sync::OnceLock::new(),
             source,
             load,
             reload: None,
@@ -130,6 +196,15 @@ impl Supervisor {
     pub fn with_reload(mut self, reload: Reloader) -> Self {
         self.reload = Some(reload);
         self
+    }
+
+    fn generation(&self) -> Arc<Generation> {
+        let generation = self.generation.read().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            generation
+                .as_ref()
+                .expect("the generation is built when run starts"),
+        )
     }
 
     fn settings(&self) -> Arc<Settings> {
@@ -148,6 +223,14 @@ impl Supervisor {
         let spool =
             Spool::open(&settings.spool_dir).map_err(|e| SupervisorError::Io(e.to_string()))?;
         prepare_scratch_parent(&settings.scratch_dir)?;
+        let all: Vec<&sandbox::SandboxSettings> = std::iter::once(&settings.job.sandbox)
+            .chain(settings.rules.iter().map(|(_, job)| &job.sandbox))
+            .collect();
+        let cgroups = self.cgroups.get_or_init(|| sandbox::Sandbox::cgroups(&all));
+        let generation =
+            Generation::build(Arc::clone(&settings), cgroups).map_err(SupervisorError::Io)?;
+        generation.describe();
+        *self.generation.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(generation));
         let launcher = Launcher::start(tokio::runtime::Handle::current())
             .map_err(|e| SupervisorError::Io(format!("cannot start the launcher thread: {e}")))?;
         let shared = Arc::new(Shared {
@@ -312,7 +395,7 @@ impl Supervisor {
                         started += 1;
                         let task = job::JobTask {
                             shared: Arc::clone(&shared),
-                            settings: Arc::clone(&settings),
+                            generation: self.generation(),
                             job: leased,
                             stop: stop_workers.child_token(),
                         };
@@ -415,16 +498,29 @@ impl Supervisor {
             tracing::info!("reload asked, but there is no configuration file to re-read");
             return;
         };
-        match reload() {
-            Ok(settings) => {
+        let built = reload().map_err(|e| e.to_string()).and_then(|settings| {
+            let settings = Arc::new(settings);
+            let cgroups = self
+                .cgroups
+                .get()
+                .cloned()
+                .unwrap_or_else(|| Err("not prepared".into()));
+            Generation::build(Arc::clone(&settings), &cgroups)
+                .map(|generation| (settings, generation))
+        });
+        match built {
+            Ok((settings, generation)) => {
                 gate.set_limits(settings.gate);
                 tracing::info!(
                     job_name = %settings.job_name,
                     max_workers = settings.gate.max_workers,
-                    timeout = ?settings.timeout,
+                    timeout = ?settings.job.timeout,
                     "configuration reloaded; it applies to the next job"
                 );
-                *self.settings.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(settings);
+                generation.describe();
+                *self.generation.write().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Arc::new(generation));
+                *self.settings.write().unwrap_or_else(|e| e.into_inner()) = settings;
             }
             Err(error) => {
                 tracing::error!(%error, "configuration not reloaded; keeping the current one")
@@ -433,7 +529,9 @@ impl Supervisor {
     }
 }
 
-/// Makes the directory scratch directories go in (mode 0700), and refuses
+/// Makes the directory scratch directories go in (mode 0711: workers of
+/// another user may pass through to their own directory, not list it), and
+/// refuses
 /// one that someone else could tamper with: it must be ours and writable by
 /// nobody else, or another user could swap a job's directory under it.
 fn prepare_scratch_parent(dir: &std::path::Path) -> Result<(), SupervisorError> {
@@ -442,7 +540,7 @@ fn prepare_scratch_parent(dir: &std::path::Path) -> Result<(), SupervisorError> 
         |what: String| SupervisorError::Io(format!("scratch directory {}: {what}", dir.display()));
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o700)
+        .mode(0o711)
         .create(dir)
         .map_err(|e| fail(format!("cannot create it: {e}")))?;
     let metadata = std::fs::symlink_metadata(dir).map_err(|e| fail(e.to_string()))?;

@@ -18,8 +18,10 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufRead
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::cgroup::JobCgroup;
 use super::launcher::Launcher;
 use super::output::{Capture, Captured};
+use super::sandbox::ChildSetup;
 
 /// The fd a worker writes progress lines to.
 pub const PROGRESS_FD: i32 = 3;
@@ -72,6 +74,9 @@ pub struct Finished {
     pub stderr: Captured,
     /// Whether SIGKILL was needed after SIGTERM.
     pub killed: bool,
+    /// Whether the kernel killed part of the job for lack of memory (known
+    /// where the job had a memory cgroup; set by the caller).
+    pub oom: bool,
 }
 
 /// Runs a worker to its end. `stop` stops it early (SIGTERM, grace,
@@ -81,6 +86,8 @@ pub async fn run(
     spec: WorkerSpec,
     stop: CancellationToken,
     progress: Option<mpsc::Sender<serde_json::Map<String, serde_json::Value>>>,
+    setup: ChildSetup,
+    tree: Option<Arc<JobCgroup>>,
 ) -> std::io::Result<Finished> {
     let (progress_read, progress_write) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
@@ -96,9 +103,8 @@ pub async fn run(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let write_fd = progress_write.as_raw_fd();
-    let supervisor = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (setsid, dup2, fcntl, prctl, getppid).
+    // async-signal-safe system calls on data prepared before the fork.
     unsafe {
         command.pre_exec(move || {
             use nix::libc;
@@ -113,12 +119,7 @@ pub async fn run(
             if moved < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            if nix::unistd::getppid() != supervisor {
-                // The supervisor died before the worker started: do not run it.
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
+            setup.apply()
         });
     }
     let mut child = launcher.spawn(command).await?;
@@ -146,16 +147,19 @@ pub async fn run(
         status = child.wait() => status_ending(status?),
         _ = tokio::time::sleep(spec.timeout) => {
             tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
-            killed = terminate(&mut child, pid, spec.grace).await;
+            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
             Ending::TimedOut
         }
         _ = stop.cancelled() => {
-            killed = terminate(&mut child, pid, spec.grace).await;
+            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
             Ending::Stopped
         }
     };
-    // Whatever is left of its process group dies with it.
+    launcher.reaped(pid);
+    // Whatever is left of its process group, and of its cgroup (which also
+    // holds what left the group), dies with it.
     kill_group(pid, Signal::SIGKILL);
+    kill_tree(tree.as_ref()).await;
     writer.abort();
     progress_task.abort();
     let stdout = collect(stdout, &stdout_capture).await;
@@ -166,6 +170,7 @@ pub async fn run(
         stdout,
         stderr,
         killed,
+        oom: false,
     })
 }
 
@@ -177,9 +182,14 @@ fn status_ending(status: std::process::ExitStatus) -> Ending {
     }
 }
 
-/// SIGTERM to the group, then SIGKILL after `grace`. Returns whether SIGKILL
-/// was needed.
-async fn terminate(child: &mut tokio::process::Child, pid: u32, grace: Duration) -> bool {
+/// SIGTERM to the group, then SIGKILL (to the group and the cgroup) after
+/// `grace`. Returns whether SIGKILL was needed.
+async fn terminate(
+    child: &mut tokio::process::Child,
+    pid: u32,
+    grace: Duration,
+    tree: Option<&Arc<JobCgroup>>,
+) -> bool {
     kill_group(pid, Signal::SIGTERM);
     if tokio::time::timeout(grace, child.wait()).await.is_ok() {
         return false;
@@ -190,8 +200,18 @@ async fn terminate(child: &mut tokio::process::Child, pid: u32, grace: Duration)
         "worker ignored SIGTERM; sending SIGKILL to its process group"
     );
     kill_group(pid, Signal::SIGKILL);
+    kill_tree(tree).await;
     let _ = child.wait().await;
     true
+}
+
+/// Kills everything in a job's cgroup (off the async threads: v1 has to
+/// kill pid by pid).
+async fn kill_tree(tree: Option<&Arc<JobCgroup>>) {
+    if let Some(tree) = tree {
+        let tree = Arc::clone(tree);
+        let _ = tokio::task::spawn_blocking(move || tree.kill()).await;
+    }
 }
 
 /// Signals a worker's process group (its pgid is its pid, from `setsid`).

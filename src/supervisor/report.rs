@@ -147,6 +147,12 @@ pub fn decide(
             }),
             summary: "stopped by shutdown; handed back for an immediate retry".into(),
         },
+        _ if finished.oom => failure(
+            job,
+            policy,
+            with_details(job.data, finished, "oom", job.attempt),
+            "worker ran out of memory (memory-max) and was killed",
+        ),
         ending => {
             let (kind, what) = match ending {
                 Ending::Exited(code) => ("exit", format!("worker exited with {code}")),
@@ -312,6 +318,7 @@ mod tests {
             stdout: capture.finish(),
             stderr: Capture::new(1024).finish(),
             killed: false,
+            oom: false,
         }
     }
 

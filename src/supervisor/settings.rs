@@ -4,10 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::cgroup::CgroupLimits;
 use super::gate::{GateLimits, ProcLoad};
 use super::report::RetryPolicy;
+use super::sandbox::{Rlimits, SandboxSettings, parse_umask};
 use crate::config::{ConfigError, SupervisorOptions};
-use crate::protocol::{CreateJob, Priority, Repeat, check_data, check_name};
+use crate::protocol::{CreateJob, NamePattern, Priority, Repeat, check_data, check_name};
 
 /// Environment variables workers get from the supervisor's own environment
 /// unless configured otherwise.
@@ -22,24 +24,16 @@ pub struct Settings {
     pub worker_path: PathBuf,
     /// The gate's limits.
     pub gate: GateLimits,
-    /// How long a worker may run.
-    pub timeout: Duration,
-    /// Between SIGTERM and SIGKILL.
-    pub kill_grace: Duration,
     /// How long a drain waits for running jobs.
     pub drain_timeout: Duration,
     /// The lease asked for each job.
     pub lease: Duration,
     /// How long one fetch waits.
     pub poll_wait: Duration,
-    /// How failures are retried.
-    pub retry: RetryPolicy,
     /// Bytes kept per output stream.
     pub output_cap: usize,
     /// Variables passed through from the supervisor's environment.
     pub env_allow: Vec<String>,
-    /// Extra variables set for workers.
-    pub env: Vec<(String, String)>,
     /// Jobs to start before draining and exiting.
     pub max_iterations: Option<u64>,
     /// A file whose change means "drain and exit".
@@ -50,11 +44,33 @@ pub struct Settings {
     pub scratch_dir: PathBuf,
     /// Where the load and memory are read.
     pub load: ProcLoad,
+    /// Settings of jobs no `[[job]]` table matches.
+    pub job: JobSettings,
+    /// `[[job]]` tables, in file order: the first whose pattern matches a
+    /// job's name applies to it.
+    pub rules: Vec<(NamePattern, JobSettings)>,
     /// Recurring jobs declared in the configuration; `None` when it
     /// declares none at all (then jobs declared earlier are left alone).
     pub schedule: Option<Vec<CreateJob>>,
     /// Where the supervisor keeps its own state (the declared-jobs record).
     pub state_dir: PathBuf,
+}
+
+/// The settings that may differ by job name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSettings {
+    /// How long a worker may run.
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+    /// How failures are retried.
+    pub retry: RetryPolicy,
+    /// Extra variables set for workers.
+    pub env: Vec<(String, String)>,
+    /// What workers may do.
+    pub sandbox: SandboxSettings,
+    /// The most of these jobs at once (for a `[[job]]` table).
+    pub max_concurrency: Option<usize>,
 }
 
 fn cpus() -> usize {
@@ -103,14 +119,6 @@ impl Settings {
                 "poll-wait must be between 1s and 1h: each fetch waits this long for a job".into(),
             ));
         }
-        let max_attempts = options.max_attempts.unwrap_or(5);
-        if max_attempts < 1 {
-            return Err(setting("max-attempts must be at least 1".into()));
-        }
-        let timeout = duration(options.timeout, Duration::from_secs(30 * 60));
-        if timeout.is_zero() {
-            return Err(setting("timeout must be more than zero".into()));
-        }
         let mut env_allow: Vec<String> = match &options.env_allow {
             Some(names) => names.clone(),
             None => DEFAULT_ENV_ALLOW.iter().map(|s| s.to_string()).collect(),
@@ -142,6 +150,12 @@ impl Settings {
             job.unique = true;
             schedule.push(job);
         }
+        let mut rules = Vec::new();
+        for rule in options.job.iter().flatten() {
+            let pattern = NamePattern::parse(&rule.name)
+                .map_err(|e| setting(format!("[[job]] {:?}: {e}", rule.name)))?;
+            rules.push((pattern, job_settings(&rule.over(options), Some(rule))?));
+        }
         Ok(Settings {
             job_name: options.job_name.clone().unwrap_or_else(|| "*".into()),
             worker_path,
@@ -151,24 +165,11 @@ impl Settings {
                 max_workers,
                 ramp: options.ramp.unwrap_or(cpus).max(1),
             },
-            timeout,
-            kill_grace: duration(options.kill_grace, Duration::from_secs(10)),
             drain_timeout: duration(options.drain_timeout, Duration::from_secs(120)),
             lease,
             poll_wait,
-            retry: RetryPolicy {
-                max_attempts,
-                backoff: duration(options.backoff, Duration::from_secs(10)),
-                max_backoff: duration(options.max_backoff, Duration::from_secs(3600)),
-            },
             output_cap: options.output_cap.map_or(64 << 10, |s| s.0 as usize).max(2),
             env_allow,
-            env: options
-                .env
-                .iter()
-                .flatten()
-                .map(|p| (p.0.clone(), p.1.clone()))
-                .collect(),
             max_iterations: options.max_iterations,
             version_watch_file: options.version_watch_file.clone(),
             spool_dir: options
@@ -189,8 +190,91 @@ impl Settings {
                     .clone()
                     .unwrap_or_else(|| "/proc/meminfo".into()),
             },
+            job: job_settings(options, None)?,
+            rules,
             schedule: options.schedule.is_some().then_some(schedule),
             state_dir: state_dir.to_path_buf(),
         })
     }
+}
+
+impl Settings {
+    /// The settings for a job of this name, and which they are (0 for the
+    /// defaults, `i + 1` for the `i`-th `[[job]]` table).
+    pub fn for_job(&self, name: &str) -> (usize, &JobSettings) {
+        self.rules
+            .iter()
+            .enumerate()
+            .find(|(_, (pattern, _))| pattern.matches(name))
+            .map_or((0, &self.job), |(i, (_, job))| (i + 1, job))
+    }
+}
+
+/// Resolves the per-job settings of `options` (the supervisor-wide ones, or
+/// a `[[job]]` table's on top of them).
+fn job_settings(
+    options: &SupervisorOptions,
+    rule: Option<&crate::config::JobRule>,
+) -> Result<JobSettings, ConfigError> {
+    let within = rule.map_or(String::new(), |r| format!("[[job]] {:?}: ", r.name));
+    let setting = |message: String| ConfigError::Setting(format!("{within}{message}"));
+    let duration = |value: Option<crate::config::HumanDuration>, default: Duration| {
+        value.map_or(default, |d| d.0)
+    };
+    let max_attempts = options.max_attempts.unwrap_or(5);
+    if max_attempts < 1 {
+        return Err(setting("max-attempts must be at least 1".into()));
+    }
+    let timeout = duration(options.timeout, Duration::from_secs(30 * 60));
+    if timeout.is_zero() {
+        return Err(setting("timeout must be more than zero".into()));
+    }
+    let max_concurrency = rule.and_then(|r| r.max_concurrency);
+    if max_concurrency == Some(0) {
+        return Err(setting("max-concurrency must be at least 1".into()));
+    }
+    Ok(JobSettings {
+        timeout,
+        kill_grace: duration(options.kill_grace, Duration::from_secs(10)),
+        retry: RetryPolicy {
+            max_attempts,
+            backoff: duration(options.backoff, Duration::from_secs(10)),
+            max_backoff: duration(options.max_backoff, Duration::from_secs(3600)),
+        },
+        env: options
+            .env
+            .iter()
+            .flatten()
+            .map(|p| (p.0.clone(), p.1.clone()))
+            .collect(),
+        sandbox: SandboxSettings {
+            user: options.user.clone(),
+            group: options.group.clone(),
+            umask: parse_umask(options.umask.as_deref().unwrap_or("027")).map_err(setting)?,
+            rlimits: Rlimits {
+                address_space: options.limit_as.map(|s| s.0),
+                cpu_seconds: options.limit_cpu.map(|d| d.0.as_secs().max(1)),
+                open_files: options.limit_nofile,
+                processes: options.limit_nproc,
+                file_size: options.limit_fsize.map(|s| s.0),
+                core: Some(options.limit_core.map_or(0, |s| s.0)),
+            },
+            cgroup: CgroupLimits {
+                memory_max: options.memory_max.map(|s| s.0),
+                pids_max: options.pids_max,
+                cpu_max: match options.cpu_max {
+                    Some(cpus) if !(cpus.is_finite() && cpus > 0.0) => {
+                        return Err(setting(format!(
+                            "cpu-max must be a positive number of CPUs, not {cpus}"
+                        )));
+                    }
+                    other => other,
+                },
+            },
+            no_network: options.no_network.unwrap_or(false),
+            read_only: options.read_only_fs.unwrap_or(false),
+            private_tmp: options.private_tmp.unwrap_or(false),
+        },
+        max_concurrency,
+    })
 }

@@ -270,3 +270,105 @@ fn metrics_show_the_gate_and_the_jobs() {
         "{text}"
     );
 }
+
+#[test]
+fn job_tables_set_timeout_retries_env_and_concurrency_by_name() {
+    let server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url)
+        .worker("SlowOne", "#!/bin/sh\ncat > /dev/null\nsleep 30\n")
+        .worker("Env", "#!/bin/sh\ncat > /dev/null\necho \"{\\\"flavour\\\":\\\"$FLAVOUR\\\"}\"\n")
+        .worker(
+            "Limited",
+            "#!/bin/sh\ncat > /dev/null\nmkdir \"$MARKS/$JOBMGR_JOB_ID\"\n\
+             n=$(ls \"$MARKS\" | wc -l)\necho $n >> \"$MARKS.seen\"\nsleep 0.3\nrmdir \"$MARKS/$JOBMGR_JOB_ID\"\n",
+        );
+    let marks = builder.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let config = builder.path().join("jobmgr.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "env = {{ FLAVOUR = \"plain\", MARKS = \"{}\" }}\n\n\
+             [[job]]\nname = \"Slow*\"\ntimeout = \"1s\"\nmax-attempts = 1\n\n\
+             [[job]]\nname = \"Env\"\nenv = {{ FLAVOUR = \"special\" }}\n\n\
+             [[job]]\nname = \"Limited\"\nmax-concurrency = 1\n",
+            marks.display()
+        ),
+    )
+    .unwrap();
+    let _sup = builder
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .arg("--max-workers")
+        .arg("4")
+        .start();
+
+    let slow = api.create(json!({"name": "SlowOne"}));
+    let job = poll("the slow job to time out and fail at once", || {
+        let job = api.job(slow);
+        (job["state"] == "FAILED").then_some(job)
+    });
+    assert_eq!(job["data"]["_jobmgr"]["outcome"], "timeout", "{job}");
+
+    let env = api.create(json!({"name": "Env", "repeat": "FINISHED, +1 HOUR"}));
+    let job = poll("the env job to finish", || {
+        let job = api.job(env);
+        job["data"]["flavour"].is_string().then_some(job)
+    });
+    assert_eq!(
+        job["data"]["flavour"], "special",
+        "the table's env wins: {job}"
+    );
+
+    let ids: Vec<i64> = (0..6)
+        .map(|_| api.create(json!({"name": "Limited"})))
+        .collect();
+    poll("the limited jobs to finish", || {
+        ids.iter().all(|&id| api.state(id).is_none()).then_some(())
+    });
+    let seen = std::fs::read_to_string(marks.with_extension("seen")).unwrap();
+    let most = seen
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .max()
+        .unwrap();
+    assert_eq!(most, 1, "never more than one Limited at once: {seen}");
+}
+
+#[test]
+fn a_bad_job_table_is_refused_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(
+        &config,
+        "worker-path = \"/tmp\"\n\n[[job]]\nname = \"x*\"\nmax-concurrency = 0\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(bin())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .expect("run jobmgr");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("[[job]] \"x*\"") && stderr.contains("max-concurrency"),
+        "{stderr}"
+    );
+    std::fs::write(
+        &config,
+        "worker-path = \"/tmp\"\n\n[[job]]\nname = \"x*\"\ntimout = \"1s\"\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(bin())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .expect("run jobmgr");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("timout") && stderr.contains("line"),
+        "{stderr}"
+    );
+}

@@ -16,4 +16,5 @@ mod lifecycle;
 mod long_poll;
 mod openapi;
 mod repeat;
+mod sandbox;
 mod supervisor;

@@ -75,6 +75,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    /// Set once leases held before a restart were extended.
+    recovered: tokio::sync::watch::Sender<bool>,
 }
 
 /// A claim's answer that its requester may stop waiting for: if dropped
@@ -144,6 +146,7 @@ impl Queue {
                 config,
                 clock,
                 shutdown: CancellationToken::new(),
+                recovered: tokio::sync::watch::Sender::new(false),
                 tasks: TaskTracker::new(),
             }),
         };
@@ -164,6 +167,13 @@ impl Queue {
     /// How many GetJob requests are held.
     pub fn waiting(&self) -> usize {
         self.inner.waiters.len()
+    }
+
+    /// Resolves once the queue has recovered from a restart (leases held
+    /// before it extended); serve requests only after this.
+    pub async fn ready(&self) {
+        let mut recovered = self.inner.recovered.subscribe();
+        let _ = recovered.wait_for(|done| *done).await;
     }
 
     /// Stops the scheduler and answers every held request (with nothing).

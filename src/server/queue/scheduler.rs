@@ -26,6 +26,7 @@ pub(super) async fn run(queue: Queue) {
         ),
         Err(error) => tracing::error!(%error, "cannot extend the leases held before the restart"),
     }
+    inner.recovered.send_replace(true);
     let mut last = queue.now();
     let mut next = match tick(&queue, last).await {
         Ok((upto, next)) => {

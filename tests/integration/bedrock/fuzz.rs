@@ -1,14 +1,16 @@
-//! A fuzz test of the Bedrock request parser (`frame::parse`) that runs in
-//! CI in a few seconds. proptest mutates the files of the cargo-fuzz corpus
+//! A fuzz test of the Bedrock request parser that runs in CI in a few
+//! seconds: `frame::parse` (the whole of what has arrived) and
+//! `frame::FrameReader` (the incremental reader each connection keeps).
+//! proptest mutates the files of the cargo-fuzz corpus
 //! (fuzz/corpus/bedrock_frame), assembles requests from protocol tokens, and
 //! makes random byte strings; every input is checked for the properties of
 //! the cargo-fuzz target fuzz/fuzz_targets/bedrock_frame.rs, cut in two at
-//! every byte.
+//! every byte, and fed to a reader in random pieces and byte by byte.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use jobmgr::server::bedrock::frame::{MAX_REQUEST, parse};
+use jobmgr::server::bedrock::frame::{FrameError, FrameReader, MAX_REQUEST, Request, parse};
 use proptest::prelude::*;
 
 /// The cargo-fuzz target's seed corpus.
@@ -31,8 +33,73 @@ fn corpus() -> &'static [Vec<u8>] {
     })
 }
 
-/// The fuzz properties, with the input cut in two at each of `splits`.
-fn check_with_splits(data: &[u8], splits: impl IntoIterator<Item = usize>) {
+/// What a stream of bytes reads as: its requests in order, then the error
+/// that ends it, if any.
+type Stream = (Vec<Request>, Option<FrameError>);
+
+/// The stream read with `parse` from the whole input.
+fn stream(data: &[u8]) -> Stream {
+    let mut requests = Vec::new();
+    let mut rest = data;
+    loop {
+        match parse(rest) {
+            Err(error) => return (requests, Some(error)),
+            Ok(None) => return (requests, None),
+            Ok(Some((request, used))) => {
+                requests.push(request);
+                rest = &rest[used..];
+            }
+        }
+    }
+}
+
+/// The stream read as a connection reads it: the bytes arrive in pieces of
+/// the sizes `piece` gives, one reader goes on over the buffer, and answered
+/// bytes are dropped from its front.
+fn connection(data: &[u8], mut piece: impl FnMut(usize) -> usize) -> Stream {
+    let mut reader = FrameReader::default();
+    let mut requests = Vec::new();
+    let (mut pos, mut received) = (0, 0);
+    loop {
+        match reader.next(&data[pos..received]) {
+            Err(error) => return (requests, Some(error)),
+            Ok(Some((request, used))) => {
+                assert!(used > 0, "a request must use at least one byte");
+                assert!(pos + used <= received, "used more than has arrived");
+                assert!(!reader.in_request(), "the reader starts afresh");
+                requests.push(request);
+                pos += used;
+            }
+            Ok(None) => {
+                let pending = &data[pos..received];
+                assert!(
+                    pending.len() <= MAX_REQUEST,
+                    "asks for more with {} bytes buffered",
+                    pending.len()
+                );
+                if pending.iter().any(|b| !b.is_ascii_whitespace()) {
+                    assert!(
+                        reader.in_request(),
+                        "a request has begun (so its time limit runs): {:?}",
+                        String::from_utf8_lossy(pending)
+                    );
+                }
+                if received == data.len() {
+                    return (requests, None);
+                }
+                received = (received + piece(received).max(1)).min(data.len());
+            }
+        }
+    }
+}
+
+/// The fuzz properties, with the input cut in two at each of `splits` and
+/// fed to a connection in pieces of each size plan in `pieces`.
+fn check_with(
+    data: &[u8],
+    splits: impl IntoIterator<Item = usize>,
+    pieces: &[&dyn Fn(usize) -> usize],
+) {
     let whole = parse(data);
     match &whole {
         Ok(Some((request, used))) => {
@@ -52,25 +119,44 @@ fn check_with_splits(data: &[u8], splits: impl IntoIterator<Item = usize>) {
         ),
         Err(_) => {}
     }
-    // Two chunks, as a connection receives them: parse the first; only if
-    // that needs more, parse the whole.
+    // Two chunks: read the first; only if that needs more, read the whole.
+    // Afresh each time with `parse`, and on with one reader.
     for k in splits {
-        let result = match parse(&data[..k]) {
+        let afresh = match parse(&data[..k]) {
             Ok(None) => parse(data),
             decided => decided,
         };
-        assert_eq!(result, whole, "cut after {k} bytes");
+        assert_eq!(afresh, whole, "parse, cut after {k} bytes");
+        let mut reader = FrameReader::default();
+        let on = match reader.next(&data[..k]) {
+            Ok(None) => reader.next(data),
+            decided => decided,
+        };
+        assert_eq!(on, whole, "one reader, cut after {k} bytes");
     }
-    // A pipelined stream, read request by request to its end.
-    let mut rest = data;
-    while let Ok(Some((_, used))) = parse(rest) {
-        rest = &rest[used..];
+    // A pipelined stream reads the same however its bytes arrive.
+    let expected = stream(data);
+    for piece in pieces {
+        assert_eq!(connection(data, piece), expected, "read in pieces");
     }
 }
 
-/// The fuzz properties, cut at every byte.
+/// The fuzz properties: cut at every byte, fed whole, byte by byte, and in
+/// pieces of sizes from `sizes`.
+fn check_sized(data: &[u8], sizes: &[usize]) {
+    let whole = |_: usize| usize::MAX;
+    let bytes = |_: usize| 1;
+    let turn = std::cell::Cell::new(0usize);
+    let sized = |_: usize| {
+        let i = turn.get();
+        turn.set(i + 1);
+        sizes.get(i % sizes.len().max(1)).copied().unwrap_or(1)
+    };
+    check_with(data, 0..=data.len(), &[&whole, &bytes, &sized]);
+}
+
 fn check(data: &[u8]) {
-    check_with_splits(data, 0..=data.len());
+    check_sized(data, &[1, 3, 7, 2, 16]);
 }
 
 /// Pieces of the protocol that mutations insert.
@@ -201,28 +287,37 @@ fn token_soup() -> impl Strategy<Value = Vec<u8>> {
     .prop_map(|pieces| pieces.concat())
 }
 
+/// Sizes of the pieces in which a connection receives its bytes.
+fn piece_sizes() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(1..48usize, 1..8)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 1500,
+        cases: 1000,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
 
     #[test]
-    fn mutated_corpus_keeps_the_parser_properties(data in mutated_corpus()) {
-        check(&data);
+    fn mutated_corpus_keeps_the_parser_properties(
+        data in mutated_corpus(),
+        sizes in piece_sizes(),
+    ) {
+        check_sized(&data, &sizes);
     }
 
     #[test]
-    fn token_soup_keeps_the_parser_properties(data in token_soup()) {
-        check(&data);
+    fn token_soup_keeps_the_parser_properties(data in token_soup(), sizes in piece_sizes()) {
+        check_sized(&data, &sizes);
     }
 
     #[test]
     fn random_bytes_keep_the_parser_properties(
-        data in prop::collection::vec(any::<u8>(), 0..256)
+        data in prop::collection::vec(any::<u8>(), 0..256),
+        sizes in piece_sizes(),
     ) {
-        check(&data);
+        check_sized(&data, &sizes);
     }
 }
 
@@ -236,7 +331,7 @@ fn every_corpus_file_keeps_the_parser_properties() {
     );
     for (i, data) in corpus().iter().enumerate() {
         check(data);
-        // And pipelined with every other file.
+        // And pipelined with the next file.
         let next = &corpus()[(i + 1) % corpus().len()];
         check(&[data.as_slice(), next.as_slice()].concat());
     }
@@ -250,6 +345,7 @@ fn corpus_requests_parse_as_intended() {
     let (request, used) = parse(&read("pipelined_pair")).unwrap().unwrap();
     assert_eq!(request.method, "CreateJob");
     assert!(used < read("pipelined_pair").len());
+    assert_eq!(stream(&read("pipelined_three")).0.len(), 3);
     let (request, _) = parse(&read("body_params")).unwrap().unwrap();
     assert_eq!(
         request.body,
@@ -257,45 +353,41 @@ fn corpus_requests_parse_as_intended() {
     );
     let (request, _) = parse(&read("duplicate_header")).unwrap().unwrap();
     assert_eq!(request.header("name").as_deref(), Some("second"));
-    assert!(parse(&read("bad_length_huge")).is_err());
-    assert!(parse(&read("no_colon")).is_err());
+    assert_eq!(parse(&read("bad_length_huge")), Err(FrameError::TooLarge));
+    assert_eq!(parse(&read("no_colon")), Err(FrameError::BadHeader));
     assert_eq!(parse(&read("partial_line")), Ok(None));
 }
 
-// Blank lines before a request are bytes the connection holds too: a
-// client that sends only blank lines must meet the same size limit as one
-// that sends an endless header line, and a blank line longer than the limit
-// must be judged the same however it arrives. (Too large for the fuzzer's
-// inputs, so written out here; cut where the limit falls.)
+// Blank lines before a request are bytes the connection holds too: a client
+// that sends only blank lines must meet the same size limit as one that
+// sends an endless header line, and a blank line longer than the limit must
+// be judged the same however it arrives. (Too large for the fuzzer's inputs,
+// so written out here, cut where the limit falls and read in the server's
+// 16 KiB pieces.)
 
-fn cuts(len: usize) -> [usize; 5] {
-    [0, len / 2, MAX_REQUEST, MAX_REQUEST + 1, len]
+fn check_large(data: &[u8]) {
+    let len = data.len();
+    let server_reads = |_: usize| 16 * 1024;
+    check_with(data, [len / 2, MAX_REQUEST + 1], &[&server_reads]);
 }
 
 #[test]
 fn blank_lines_alone_meet_the_size_limit() {
     let blank_lines = b"\r\n".repeat(MAX_REQUEST / 2 + 1);
-    check_with_splits(&blank_lines, cuts(blank_lines.len()));
+    check_large(&blank_lines);
+    assert_eq!(parse(&blank_lines), Err(FrameError::TooLarge));
 }
 
 #[test]
 fn blank_lines_before_a_request_count_toward_the_size_limit() {
     let mut data = b"\r\n".repeat(MAX_REQUEST / 2 + 1);
     data.extend_from_slice(b"GetJob\r\nname: x\r\n\r\n");
-    check_with_splits(&data, cuts(data.len()));
+    check_large(&data);
 }
 
 #[test]
 fn a_blank_line_longer_than_the_limit_is_judged_the_same_in_chunks() {
     let mut data = b" ".repeat(MAX_REQUEST + 1);
     data.extend_from_slice(b"\nGetJob\nname: x\n\n");
-    // Without the size properties: only the cut in two.
-    let whole = parse(&data);
-    for k in cuts(data.len()) {
-        let result = match parse(&data[..k]) {
-            Ok(None) => parse(&data),
-            decided => decided,
-        };
-        assert_eq!(result, whole, "cut after {k} bytes");
-    }
+    check_large(&data);
 }

@@ -413,6 +413,7 @@ pub struct Supervisor {
 /// Options for starting a supervisor.
 pub struct SupervisorBuilder {
     args: Vec<String>,
+    user: Option<String>,
     workers: Vec<(String, String)>,
     dir: tempfile::TempDir,
 }
@@ -421,7 +422,12 @@ impl Supervisor {
     /// A supervisor of the server at `server_url` (`http://…` or
     /// `bedrock://…`).
     pub fn builder(server_url: &str) -> SupervisorBuilder {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Self::builder_in(server_url, &std::env::temp_dir())
+    }
+
+    /// As [`Supervisor::builder`], with its directory made in `parent`.
+    pub fn builder_in(server_url: &str, parent: &Path) -> SupervisorBuilder {
+        let dir = tempfile::tempdir_in(parent).expect("temp dir");
         std::fs::write(dir.path().join("loadavg"), "0.00 0.00 0.00 1/100 1\n").expect("loadavg");
         std::fs::write(
             dir.path().join("meminfo"),
@@ -431,6 +437,9 @@ impl Supervisor {
         std::fs::create_dir(dir.path().join("workers")).expect("workers dir");
         SupervisorBuilder {
             args: vec!["--server".into(), server_url.into()],
+            // As root, workers would run as an unprivileged user who cannot
+            // reach this test's private directories; tests about users say so.
+            user: nix::unistd::geteuid().is_root().then(|| "root".to_string()),
             workers: Vec::new(),
             dir,
         }
@@ -536,6 +545,13 @@ impl SupervisorBuilder {
         self
     }
 
+    /// The user workers run as (when the tests run as root); `None` for
+    /// the supervisor's default.
+    pub fn user(mut self, user: Option<&str>) -> Self {
+        self.user = user.map(str::to_string);
+        self
+    }
+
     /// A worker script (made executable) in the worker directory.
     pub fn worker(mut self, name: &str, script: &str) -> Self {
         self.workers.push((name.to_string(), script.to_string()));
@@ -588,6 +604,9 @@ impl SupervisorBuilder {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .stdin(Stdio::null());
+        if let Some(user) = &self.user {
+            command.arg("--user").arg(user);
+        }
         let mut child = command.spawn().expect("spawn jobmgr supervisor");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();

@@ -1,0 +1,411 @@
+//! One cgroup per job, where the machine allows it. With cgroup v2 (the
+//! unified hierarchy with its controllers), a job's cgroup gets `memory.max`,
+//! `pids.max` and `cpu.max`, and is killed whole with `cgroup.kill`. On
+//! hybrid machines (v1 controllers beside a controller-less v2 tree) the v1
+//! `memory`, `pids` and `cpu` hierarchies carry the limits and the v2 tree
+//! still provides `cgroup.kill`. Either way the kill also catches processes
+//! that left the worker's process group, and an out-of-memory kill is seen.
+//!
+//! Cgroups live under the supervisor's own cgroup, in a directory named
+//! after its pid; directories left by a supervisor that died are cleaned up
+//! (their processes killed) when the next one starts.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The limits a job's cgroup gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CgroupLimits {
+    /// `memory.max` (v1 `memory.limit_in_bytes`), in bytes.
+    pub memory_max: Option<u64>,
+    /// `pids.max`.
+    pub pids_max: Option<u64>,
+    /// CPUs' worth of time, e.g. 0.5 or 2.
+    pub cpu_max: Option<f64>,
+}
+
+impl CgroupLimits {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.memory_max.is_some() || self.pids_max.is_some() || self.cpu_max.is_some()
+    }
+}
+
+/// Where job cgroups are made.
+#[derive(Debug)]
+pub struct Cgroups {
+    /// A v2 directory of ours (with `cgroup.kill`), if any.
+    unified: Option<PathBuf>,
+    /// Whether the v2 directory has the memory, pids and cpu controllers.
+    unified_controllers: Vec<String>,
+    /// v1 directories of ours, by controller.
+    v1: Vec<(&'static str, PathBuf)>,
+}
+
+/// A job's cgroups.
+#[derive(Debug)]
+pub struct JobCgroup {
+    dirs: Vec<PathBuf>,
+    /// `cgroup.procs` files the worker joins.
+    procs: Vec<PathBuf>,
+    unified: Option<PathBuf>,
+    memory_v1: Option<PathBuf>,
+}
+
+const V1_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+
+/// The cgroup path of this process in a hierarchy: `0::/a/b` for v2, or the
+/// v1 line naming `controller`.
+fn own_path(controller: Option<&str>) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let matches = match controller {
+            None => controllers.is_empty(),
+            Some(name) => controllers.split(',').any(|c| c == name),
+        };
+        matches.then(|| path.to_string())
+    })
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+impl Cgroups {
+    /// Finds what this machine offers and prepares `jobmgr-<pid>` under the
+    /// supervisor's own cgroups. `Err` explains why there are none.
+    pub fn detect(limits: &CgroupLimits) -> Result<Self, String> {
+        let pid = std::process::id();
+        let name = format!("jobmgr-{pid}");
+        let mut found = Cgroups {
+            unified: None,
+            unified_controllers: Vec::new(),
+            v1: Vec::new(),
+        };
+        let mut reasons = Vec::new();
+
+        // The v2 tree: /sys/fs/cgroup itself (pure v2) or /sys/fs/cgroup/unified (hybrid).
+        let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|m| m.join("cgroup.procs").exists() && m.join("cgroup.controllers").exists());
+        match (mount, own_path(None)) {
+            (Some(mount), Some(own)) => {
+                let own_dir = mount.join(own.trim_start_matches('/'));
+                match Self::prepare_v2(&own_dir, &name, limits) {
+                    Ok((dir, controllers)) => {
+                        found.unified = Some(dir);
+                        found.unified_controllers = controllers;
+                    }
+                    Err(e) => reasons.push(format!("cgroup v2: {e}")),
+                }
+            }
+            _ => reasons.push("no cgroup v2 tree".into()),
+        }
+        // v1 controllers the v2 tree lacks.
+        for controller in V1_CONTROLLERS {
+            let wanted = match controller {
+                "memory" => limits.memory_max.is_some(),
+                "pids" => limits.pids_max.is_some(),
+                _ => limits.cpu_max.is_some(),
+            };
+            if !wanted || found.unified_controllers.iter().any(|c| c == controller) {
+                continue;
+            }
+            let mount = PathBuf::from("/sys/fs/cgroup").join(controller);
+            let Some(own) = own_path(Some(controller)) else {
+                continue;
+            };
+            if !mount.join("cgroup.procs").exists() {
+                continue;
+            }
+            let dir = mount.join(own.trim_start_matches('/')).join(&name);
+            match fs::create_dir_all(&dir) {
+                Ok(()) => found.v1.push((controller, dir)),
+                Err(e) => reasons.push(format!("cgroup v1 {controller}: {e}")),
+            }
+        }
+        if found.unified.is_none() && found.v1.is_empty() {
+            return Err(reasons.join("; "));
+        }
+        found.clean_stale();
+        Ok(found)
+    }
+
+    /// Makes our v2 directory; enables the controllers the limits need when
+    /// the tree offers them (moving the supervisor into a leaf first, as v2
+    /// wants processes only in leaves).
+    fn prepare_v2(
+        own: &Path,
+        name: &str,
+        limits: &CgroupLimits,
+    ) -> io::Result<(PathBuf, Vec<String>)> {
+        let available = fs::read_to_string(own.join("cgroup.controllers")).unwrap_or_default();
+        let wanted: Vec<String> = [
+            ("memory", limits.memory_max.is_some()),
+            ("pids", limits.pids_max.is_some()),
+            ("cpu", limits.cpu_max.is_some()),
+        ]
+        .into_iter()
+        .filter(|(c, want)| *want && available.split_whitespace().any(|a| a == *c))
+        .map(|(c, _)| c.to_string())
+        .collect();
+        let dir = own.join(name);
+        fs::create_dir_all(&dir)?;
+        if !wanted.is_empty() {
+            // Processes may not sit in a cgroup that hands controllers down.
+            let leaf = own.join(format!("{name}-supervisor"));
+            fs::create_dir_all(&leaf)?;
+            // Only this process moves; if others share the cgroup, handing
+            // controllers down fails and the v1 hierarchies are used instead.
+            write(&leaf.join("cgroup.procs"), &std::process::id().to_string())?;
+            let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
+            write(&own.join("cgroup.subtree_control"), &enable.join(" "))?;
+            write(&dir.join("cgroup.subtree_control"), &enable.join(" "))?;
+        }
+        if !dir.join("cgroup.kill").exists() {
+            return Err(io::Error::other("this kernel has no cgroup.kill"));
+        }
+        Ok((dir, wanted))
+    }
+
+    /// Kills and removes job cgroups left by supervisors that are gone.
+    fn clean_stale(&self) {
+        let parents: Vec<PathBuf> = self
+            .unified
+            .iter()
+            .chain(self.v1.iter().map(|(_, d)| d))
+            .filter_map(|d| d.parent().map(Path::to_path_buf))
+            .collect();
+        for parent in parents {
+            let Ok(entries) = fs::read_dir(&parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(pid) = name
+                    .strip_prefix("jobmgr-")
+                    .and_then(|p| p.split('-').next())
+                    .and_then(|p| p.parse::<i32>().ok())
+                else {
+                    continue;
+                };
+                let alive = Path::new(&format!("/proc/{pid}")).exists();
+                if alive || pid as u32 == std::process::id() {
+                    continue;
+                }
+                tracing::warn!(dir = %entry.path().display(), "removing the job cgroups of a supervisor that is gone, and what still runs in them");
+                remove_tree(&entry.path());
+            }
+        }
+    }
+
+    /// A description for the start-up log.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(dir) = &self.unified {
+            let controllers = if self.unified_controllers.is_empty() {
+                "kill only".to_string()
+            } else {
+                self.unified_controllers.join(", ")
+            };
+            parts.push(format!("v2 at {} ({controllers})", dir.display()));
+        }
+        for (controller, dir) in &self.v1 {
+            parts.push(format!("v1 {controller} at {}", dir.display()));
+        }
+        parts.join("; ")
+    }
+
+    /// Makes a job's cgroups with `limits`.
+    pub fn job(&self, job_id: i64, limits: &CgroupLimits) -> io::Result<JobCgroup> {
+        let name = format!("job-{job_id}-{:08x}", rand::random::<u32>());
+        let mut job = JobCgroup {
+            dirs: Vec::new(),
+            procs: Vec::new(),
+            unified: None,
+            memory_v1: None,
+        };
+        if let Some(base) = &self.unified {
+            let dir = base.join(&name);
+            fs::create_dir(&dir)?;
+            job.dirs.push(dir.clone());
+            for controller in &self.unified_controllers {
+                match controller.as_str() {
+                    "memory" => {
+                        if let Some(max) = limits.memory_max {
+                            write(&dir.join("memory.max"), &max.to_string())?;
+                            let _ = write(&dir.join("memory.swap.max"), "0");
+                        }
+                    }
+                    "pids" => {
+                        if let Some(max) = limits.pids_max {
+                            write(&dir.join("pids.max"), &max.to_string())?;
+                        }
+                    }
+                    "cpu" => {
+                        if let Some(cpus) = limits.cpu_max {
+                            let period = 100_000u64;
+                            let quota = ((cpus * period as f64) as u64).max(1000);
+                            write(&dir.join("cpu.max"), &format!("{quota} {period}"))?;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            job.procs.push(dir.join("cgroup.procs"));
+            job.unified = Some(dir);
+        }
+        for (controller, base) in &self.v1 {
+            let dir = base.join(&name);
+            fs::create_dir(&dir)?;
+            job.dirs.push(dir.clone());
+            match *controller {
+                "memory" => {
+                    if let Some(max) = limits.memory_max {
+                        write(&dir.join("memory.limit_in_bytes"), &max.to_string())?;
+                        let _ = write(&dir.join("memory.memsw.limit_in_bytes"), &max.to_string());
+                    }
+                    job.memory_v1 = Some(dir.clone());
+                }
+                "pids" => {
+                    if let Some(max) = limits.pids_max {
+                        write(&dir.join("pids.max"), &max.to_string())?;
+                    }
+                }
+                "cpu" => {
+                    if let Some(cpus) = limits.cpu_max {
+                        let period = 100_000u64;
+                        write(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
+                        write(
+                            &dir.join("cpu.cfs_quota_us"),
+                            &((cpus * period as f64) as u64).max(1000).to_string(),
+                        )?;
+                    }
+                }
+                _ => {}
+            }
+            job.procs.push(dir.join("cgroup.procs"));
+        }
+        Ok(job)
+    }
+}
+
+impl JobCgroup {
+    /// The `cgroup.procs` files the worker writes itself into before exec.
+    pub fn procs_files(&self) -> &[PathBuf] {
+        &self.procs
+    }
+
+    /// Kills everything in the job's cgroups, including processes that left
+    /// the worker's process group or session.
+    pub fn kill(&self) {
+        if let Some(dir) = &self.unified {
+            let _ = write(&dir.join("cgroup.kill"), "1");
+        }
+        for dir in &self.dirs {
+            kill_procs(dir);
+        }
+    }
+
+    /// Whether the kernel killed something in the job for lack of memory.
+    pub fn oom_killed(&self) -> bool {
+        let count = |path: PathBuf, key: &str| {
+            fs::read_to_string(path).ok().and_then(|text| {
+                text.lines().find_map(|l| {
+                    l.strip_prefix(key)
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })
+            })
+        };
+        if let Some(dir) = &self.unified
+            && count(dir.join("memory.events"), "oom_kill ").is_some_and(|n| n > 0)
+        {
+            return true;
+        }
+        if let Some(dir) = &self.memory_v1 {
+            if count(dir.join("memory.oom_control"), "oom_kill ").is_some_and(|n| n > 0) {
+                return true;
+            }
+            if count(dir.join("memory.failcnt"), "").is_some_and(|n| n > 0) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+impl Drop for JobCgroup {
+    fn drop(&mut self) {
+        self.kill();
+        for dir in self.dirs.iter().rev() {
+            remove_dir_when_empty(dir);
+        }
+    }
+}
+
+/// SIGKILLs the pids listed in a cgroup until it is empty (v1 has no
+/// `cgroup.kill`), for at most a second.
+fn kill_procs(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let pids = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        let pids: Vec<i32> = pids
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in pids {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Removes a cgroup directory once its processes are gone (they may take a
+/// moment to die), trying for at most two seconds.
+fn remove_dir_when_empty(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) if Instant::now() > deadline => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a job cgroup");
+                return;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Kills and removes a cgroup directory and everything under it.
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&entry.path());
+            }
+        }
+    }
+    if dir.join("cgroup.kill").exists() {
+        let _ = write(&dir.join("cgroup.kill"), "1");
+    }
+    kill_procs(dir);
+    remove_dir_when_empty(dir);
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for dir in self.unified.iter().chain(self.v1.iter().map(|(_, d)| d)) {
+            remove_tree(dir);
+        }
+    }
+}

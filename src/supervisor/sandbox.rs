@@ -1,0 +1,533 @@
+//! What a worker process can and cannot do. Always: its own session and
+//! process group, a parent-death signal, no inherited descriptor but stdio
+//! and the progress fd, a scrubbed environment (see the job module), a
+//! umask, `no_new_privs`, and a private scratch directory. When the
+//! supervisor runs as root: a configured unprivileged user (never root
+//! unless configured), with that user's supplementary groups. Limits: rlimits
+//! and, where available, one cgroup per job. Opt-in: no network, a read-only
+//! filesystem but for the scratch directory (Landlock), a private /tmp.
+//!
+//! Everything that allocates or reads files is done before the fork; the
+//! steps between fork and exec ([`ChildSetup::apply`]) are plain system
+//! calls, in an order that keeps each one possible: cgroups, namespaces and
+//! limits while still root, then the groups, the gid and the uid, then
+//! `no_new_privs` and Landlock, and the parent-death signal last (a change
+//! of uid clears it).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use nix::libc;
+use nix::unistd::{Gid, Group, Uid, User};
+
+use super::cgroup::{CgroupLimits, Cgroups, JobCgroup};
+use super::landlock;
+
+/// The sandbox's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxSettings {
+    /// The user workers run as (a name or a uid); `None` for the default.
+    pub user: Option<String>,
+    /// The group, if not the user's own.
+    pub group: Option<String>,
+    /// The umask workers start with.
+    pub umask: u32,
+    /// rlimits.
+    pub rlimits: Rlimits,
+    /// Cgroup limits.
+    pub cgroup: CgroupLimits,
+    /// Give workers no network (a network namespace of their own).
+    pub no_network: bool,
+    /// Make the filesystem read-only except the scratch directory.
+    pub read_only: bool,
+    /// Give workers a /tmp of their own.
+    pub private_tmp: bool,
+}
+
+/// Resource limits (`setrlimit`), each as both soft and hard limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rlimits {
+    /// Address space, bytes.
+    pub address_space: Option<u64>,
+    /// CPU seconds.
+    pub cpu_seconds: Option<u64>,
+    /// Open files.
+    pub open_files: Option<u64>,
+    /// Processes of the worker's user.
+    pub processes: Option<u64>,
+    /// Largest file written, bytes.
+    pub file_size: Option<u64>,
+    /// Core dump size, bytes (0: none).
+    pub core: Option<u64>,
+}
+
+/// Who workers run as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user's name.
+    pub name: String,
+    /// Its uid.
+    pub uid: u32,
+    /// Its gid.
+    pub gid: u32,
+    /// Its supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+/// The `pids.max` of a job's cgroup unless configured.
+pub const DEFAULT_PIDS_MAX: u64 = 4096;
+
+/// The account workers run as by default when the supervisor is root.
+pub const DEFAULT_USER: &str = "jobmgr";
+
+/// The prepared sandbox of a supervisor.
+#[derive(Debug)]
+pub struct Sandbox {
+    settings: SandboxSettings,
+    /// `None`: workers run as the supervisor's own user.
+    credentials: Option<Credentials>,
+    cgroups: Result<Arc<Cgroups>, String>,
+}
+
+fn lookup_user(spec: &str) -> io::Result<User> {
+    let found = match spec.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+        Err(_) => User::from_name(spec),
+    };
+    found.map_err(io::Error::from)?.ok_or_else(|| {
+        io::Error::other(format!(
+            "there is no user {spec:?}; create it or set user to an existing one"
+        ))
+    })
+}
+
+/// Works out who workers run as. As root: the configured user, else
+/// [`DEFAULT_USER`], else `nobody`. Otherwise: the supervisor's own user
+/// (switching needs root).
+pub fn credentials(settings: &SandboxSettings) -> io::Result<Option<Credentials>> {
+    let root = nix::unistd::geteuid().is_root();
+    let user = match (&settings.user, root) {
+        (Some(spec), true) => lookup_user(spec)?,
+        (None, true) => match lookup_user(DEFAULT_USER) {
+            Ok(user) => user,
+            Err(_) => {
+                tracing::warn!(
+                    "the user {DEFAULT_USER:?} does not exist; workers run as \"nobody\" (create {DEFAULT_USER:?} or set user)"
+                );
+                lookup_user("nobody")?
+            }
+        },
+        (Some(spec), false) => {
+            let user = lookup_user(spec)?;
+            if user.uid != nix::unistd::geteuid() {
+                return Err(io::Error::other(format!(
+                    "workers cannot run as {spec:?}: switching users needs the supervisor to run as root"
+                )));
+            }
+            return Ok(None);
+        }
+        (None, false) => return Ok(None),
+    };
+    let gid = match &settings.group {
+        Some(spec) => {
+            let found = match spec.parse::<u32>() {
+                Ok(gid) => Group::from_gid(Gid::from_raw(gid)),
+                Err(_) => Group::from_name(spec),
+            };
+            found
+                .map_err(io::Error::from)?
+                .ok_or_else(|| io::Error::other(format!("there is no group {spec:?}")))?
+                .gid
+        }
+        None => user.gid,
+    };
+    let name = CString::new(user.name.as_bytes()).map_err(io::Error::other)?;
+    let mut groups: Vec<u32> = nix::unistd::getgrouplist(&name, gid)
+        .map_err(io::Error::from)?
+        .into_iter()
+        .map(|g| g.as_raw())
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    Ok(Some(Credentials {
+        name: user.name,
+        uid: user.uid.as_raw(),
+        gid: gid.as_raw(),
+        groups,
+    }))
+}
+
+impl Sandbox {
+    /// Finds the cgroups for every set of settings in use (the union of
+    /// their limits; `pids.max` is always set where cgroups exist, so that a
+    /// fork bomb is contained by default). `Err` says why there are none.
+    pub fn cgroups(all: &[&SandboxSettings]) -> Result<Arc<Cgroups>, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("not running as root".into());
+        }
+        let union = CgroupLimits {
+            memory_max: all.iter().find_map(|s| s.cgroup.memory_max),
+            pids_max: Some(DEFAULT_PIDS_MAX),
+            cpu_max: all.iter().find_map(|s| s.cgroup.cpu_max),
+        };
+        Cgroups::detect(&union).map(Arc::new)
+    }
+
+    /// Resolves the user and checks what the settings need, with the
+    /// supervisor's `cgroups`.
+    pub fn prepare(
+        settings: &SandboxSettings,
+        cgroups: &Result<Arc<Cgroups>, String>,
+    ) -> io::Result<Self> {
+        let credentials = credentials(settings)?;
+        let root = nix::unistd::geteuid().is_root();
+        if (settings.no_network || settings.private_tmp) && !root {
+            return Err(io::Error::other(
+                "no-network and private-tmp need the supervisor to run as root (they use namespaces)",
+            ));
+        }
+        if settings.read_only && landlock::abi().is_none() {
+            return Err(io::Error::other(
+                "read-only-fs needs Landlock, which this kernel does not offer",
+            ));
+        }
+        let mut settings = settings.clone();
+        match cgroups {
+            Ok(_) => {
+                // Where cgroups exist, a fork bomb is contained by default.
+                settings.cgroup.pids_max.get_or_insert(DEFAULT_PIDS_MAX);
+            }
+            Err(why) if settings.cgroup.any() => {
+                return Err(io::Error::other(format!(
+                    "memory-max, pids-max and cpu-max need cgroups, which are not available here: {why}"
+                )));
+            }
+            Err(_) => {}
+        }
+        Ok(Sandbox {
+            settings,
+            credentials,
+            cgroups: cgroups.clone(),
+        })
+    }
+
+    /// Who workers run as, when not as the supervisor's own user.
+    pub fn credentials(&self) -> Option<&Credentials> {
+        self.credentials.as_ref()
+    }
+
+    /// One line for the start-up log: what is in force.
+    pub fn describe(&self) -> String {
+        let s = &self.settings;
+        let user = match &self.credentials {
+            Some(c) => format!(
+                "user {} (uid {}, gid {}, groups {:?})",
+                c.name, c.uid, c.gid, c.groups
+            ),
+            None => format!("the supervisor's own user (uid {})", nix::unistd::geteuid()),
+        };
+        let cgroups = match &self.cgroups {
+            Ok(cgroups) => format!("cgroups: {}", cgroups.describe()),
+            Err(why) => format!("cgroups: none ({why})"),
+        };
+        let mut limits = Vec::new();
+        let r = &s.rlimits;
+        for (name, value) in [
+            ("as", r.address_space),
+            ("cpu", r.cpu_seconds),
+            ("nofile", r.open_files),
+            ("nproc", r.processes),
+            ("fsize", r.file_size),
+            ("core", r.core),
+        ] {
+            if let Some(value) = value {
+                limits.push(format!("{name}={value}"));
+            }
+        }
+        for (name, value) in [
+            ("memory.max", s.cgroup.memory_max),
+            ("pids.max", s.cgroup.pids_max),
+        ] {
+            if let Some(value) = value {
+                limits.push(format!("{name}={value}"));
+            }
+        }
+        if let Some(cpus) = s.cgroup.cpu_max {
+            limits.push(format!("cpu.max={cpus} CPUs"));
+        }
+        format!(
+            "workers run as {user}; umask {:03o}; no_new_privs; {cgroups}; limits: {}; network: {}; filesystem: {}; /tmp: {}",
+            s.umask,
+            if limits.is_empty() {
+                "none".into()
+            } else {
+                limits.join(" ")
+            },
+            if s.no_network { "none" } else { "shared" },
+            if s.read_only {
+                "read-only except the scratch directory"
+            } else {
+                "as the user's permissions allow"
+            },
+            if s.private_tmp { "private" } else { "shared" },
+        )
+    }
+
+    /// Prepares one job: its cgroups, its Landlock ruleset, and the steps
+    /// its worker takes between fork and exec.
+    pub fn job(&self, job_id: i64, scratch: &Path) -> io::Result<JobSandbox> {
+        let cgroup = match &self.cgroups {
+            Ok(cgroups) => Some(cgroups.job(job_id, &self.settings.cgroup)?),
+            Err(_) => None,
+        };
+        let landlock = if self.settings.read_only {
+            let mut writable: Vec<&Path> = vec![scratch];
+            if self.settings.private_tmp {
+                writable.push(Path::new("/tmp"));
+            }
+            Some(landlock::read_only_except(&writable)?)
+        } else {
+            None
+        };
+        let cstring =
+            |path: &Path| CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other);
+        let procs = match &cgroup {
+            Some(cgroup) => cgroup
+                .procs_files()
+                .iter()
+                .map(|p| cstring(p))
+                .collect::<io::Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        let setup = ChildSetup {
+            procs,
+            rlimits: rlimit_list(&self.settings.rlimits),
+            umask: self.settings.umask,
+            credentials: self.credentials.clone(),
+            no_network: self.settings.no_network,
+            private_tmp: self.settings.private_tmp,
+            landlock: landlock.as_ref().map(|fd| fd.as_raw_fd()),
+            parent: nix::unistd::getpid().as_raw(),
+            strings: MountStrings::new(),
+        };
+        Ok(JobSandbox {
+            cgroup: cgroup.map(Arc::new),
+            landlock,
+            setup: Some(setup),
+        })
+    }
+}
+
+/// A job's sandbox: its cgroups (killed and removed when dropped), and the
+/// steps for its worker.
+pub struct JobSandbox {
+    cgroup: Option<Arc<JobCgroup>>,
+    /// Kept open until the worker has applied it.
+    #[allow(dead_code)]
+    landlock: Option<OwnedFd>,
+    setup: Option<ChildSetup>,
+}
+
+impl JobSandbox {
+    /// The steps for the worker, once.
+    pub fn take_setup(&mut self) -> ChildSetup {
+        self.setup.take().unwrap_or_else(|| ChildSetup {
+            procs: Vec::new(),
+            rlimits: Vec::new(),
+            umask: 0o077,
+            credentials: None,
+            no_network: false,
+            private_tmp: false,
+            landlock: None,
+            parent: nix::unistd::getpid().as_raw(),
+            strings: MountStrings::new(),
+        })
+    }
+
+    /// The job's cgroups, to kill its whole tree with.
+    pub fn tree(&self) -> Option<Arc<JobCgroup>> {
+        self.cgroup.clone()
+    }
+
+    /// Whether the kernel killed something in the job for lack of memory.
+    pub fn oom_killed(&self) -> bool {
+        self.cgroup.as_deref().is_some_and(JobCgroup::oom_killed)
+    }
+}
+
+fn rlimit_list(limits: &Rlimits) -> Vec<(libc::__rlimit_resource_t, u64)> {
+    let mut list = Vec::new();
+    for (resource, value) in [
+        (libc::RLIMIT_AS, limits.address_space),
+        (libc::RLIMIT_CPU, limits.cpu_seconds),
+        (libc::RLIMIT_NOFILE, limits.open_files),
+        (libc::RLIMIT_NPROC, limits.processes),
+        (libc::RLIMIT_FSIZE, limits.file_size),
+        (libc::RLIMIT_CORE, limits.core),
+    ] {
+        if let Some(value) = value {
+            // Never ask for more than the current hard limit: only root may
+            // raise it, and the point is to lower it.
+            let mut current = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: `current` is a valid out-pointer.
+            let hard = if unsafe { libc::getrlimit(resource, &mut current) } == 0 {
+                current.rlim_max
+            } else {
+                u64::MAX
+            };
+            list.push((resource, value.min(hard)));
+        }
+    }
+    list
+}
+
+/// C strings the namespace steps need, made before the fork.
+#[derive(Debug)]
+pub struct MountStrings {
+    root: CString,
+    tmp: CString,
+    tmpfs: CString,
+    options: CString,
+}
+
+impl MountStrings {
+    fn new() -> Self {
+        MountStrings {
+            root: c"/".to_owned(),
+            tmp: c"/tmp".to_owned(),
+            tmpfs: c"tmpfs".to_owned(),
+            options: c"mode=1777".to_owned(),
+        }
+    }
+}
+
+/// The steps a worker takes between fork and exec.
+#[derive(Debug)]
+pub struct ChildSetup {
+    procs: Vec<CString>,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    umask: u32,
+    credentials: Option<Credentials>,
+    no_network: bool,
+    private_tmp: bool,
+    landlock: Option<i32>,
+    parent: i32,
+    strings: MountStrings,
+}
+
+fn check(result: libc::c_int) -> io::Result<()> {
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl ChildSetup {
+    /// Applies the steps. Runs in the forked child: only system calls, no
+    /// allocation, no locks.
+    ///
+    /// # Safety
+    /// Call only between fork and exec.
+    pub unsafe fn apply(&self) -> io::Result<()> {
+        // SAFETY (for the whole body): plain system calls on values prepared
+        // before the fork.
+        unsafe {
+            for path in &self.procs {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                check(fd)?;
+                let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if wrote != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if self.no_network {
+                check(libc::unshare(libc::CLONE_NEWNET))?;
+            }
+            if self.private_tmp {
+                let s = &self.strings;
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                check(libc::mount(
+                    std::ptr::null(),
+                    s.root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ))?;
+                check(libc::mount(
+                    s.tmpfs.as_ptr(),
+                    s.tmp.as_ptr(),
+                    s.tmpfs.as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    s.options.as_ptr().cast(),
+                ))?;
+            }
+            for &(resource, value) in &self.rlimits {
+                let limit = libc::rlimit {
+                    rlim_cur: value,
+                    rlim_max: value,
+                };
+                check(libc::setrlimit(resource, &limit))?;
+            }
+            libc::umask(self.umask as libc::mode_t);
+            if let Some(c) = &self.credentials {
+                check(libc::setgroups(c.groups.len(), c.groups.as_ptr()))?;
+                check(libc::setresgid(c.gid, c.gid, c.gid))?;
+                check(libc::setresuid(c.uid, c.uid, c.uid))?;
+            }
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            if let Some(ruleset) = self.landlock {
+                landlock::restrict_self(ruleset)?;
+            }
+            // Every descriptor above the progress fd closes at exec (std's
+            // own error pipe already does, and must stay open until then).
+            let marked = libc::syscall(
+                libc::SYS_close_range,
+                4u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if marked < 0 {
+                for fd in 4..4096 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
+            // Last: a change of uid clears the parent-death signal.
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
+            if libc::getppid() != self.parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the worker changes user (its scratch directory must then be
+    /// given to that user).
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.credentials.as_ref().map(|c| (c.uid, c.gid))
+    }
+}
+
+/// Gives a scratch directory to the worker's user.
+pub fn hand_over(dir: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}
+
+/// Parses an octal umask such as "027".
+pub fn parse_umask(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text.trim(), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("umask {text:?} is not an octal mask like \"027\""))
+}
