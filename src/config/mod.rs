@@ -103,7 +103,7 @@ pub struct SupervisorOptions {
     /// Embedded server: where its Bedrock port listens, or "none" [default: 127.0.0.1:8888]
     #[arg(long, value_name = "ADDR")]
     pub bedrock: Option<String>,
-    /// When running as root: the user workers run as [default: jobmgr, else nobody]; "root" must be said explicitly
+    /// When running as root: the user workers run as [default: jobmgr, else nobody]; "root" must be said explicitly; "self" means the supervisor's own user
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
     /// The group workers run as [default: the user's]

@@ -81,6 +81,10 @@ pub struct Credentials {
 /// The `pids.max` of a job's cgroup unless configured.
 pub const DEFAULT_PIDS_MAX: u64 = 4096;
 
+/// The `user` value that means "the supervisor's own user, whoever that
+/// is" (root, when it runs as root: an explicit choice).
+pub const SELF_USER: &str = "self";
+
 /// The account workers run as by default when the supervisor is root.
 pub const DEFAULT_USER: &str = "jobmgr";
 
@@ -110,6 +114,9 @@ fn lookup_user(spec: &str) -> io::Result<User> {
 /// (switching needs root).
 pub fn credentials(settings: &SandboxSettings) -> io::Result<Option<Credentials>> {
     let root = nix::unistd::geteuid().is_root();
+    if settings.user.as_deref() == Some(SELF_USER) {
+        return Ok(None);
+    }
     let user = match (&settings.user, root) {
         (Some(spec), true) => lookup_user(spec)?,
         (None, true) => match lookup_user(DEFAULT_USER) {

@@ -578,3 +578,29 @@ fn the_user_can_be_set_per_job_name() {
         "0"
     );
 }
+
+#[test]
+fn user_self_means_the_supervisors_own_user() {
+    let server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url).user(Some("self"));
+    let out = drop_box(builder.path());
+    let _sup = builder
+        .worker(
+            "Whoami",
+            "#!/bin/sh\ncat > /dev/null\nid -u > \"$OUT/uid\"\n",
+        )
+        .arg("--env")
+        .arg(&format!("OUT={}", out.display()))
+        .start();
+    let id = api.create(json!({"name": "Whoami"}));
+    poll("the job to finish", || {
+        api.state(id).is_none().then_some(())
+    });
+    let uid: u32 = std::fs::read_to_string(out.join("uid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(uid, nix::unistd::geteuid().as_raw());
+}
