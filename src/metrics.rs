@@ -49,7 +49,10 @@ pub async fn install(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
         "/metrics",
         axum::routing::get(move || {
             let handle = handle.clone();
-            async move { handle.render() }
+            async move {
+                collect().await;
+                handle.render()
+            }
         }),
     );
     tokio::spawn(async move {
@@ -62,6 +65,37 @@ pub async fn install(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
 }
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Brings gauges up to date just before a scrape renders them.
+pub type Collector = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
+>;
+
+static COLLECTORS: std::sync::Mutex<Vec<Collector>> = std::sync::Mutex::new(Vec::new());
+
+/// How long a scrape waits for a collector before rendering what it has.
+const COLLECT_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `collector` before every scrape (the job server counts its queue
+/// this way, so that gauges are never staler than the scrape).
+pub fn collect_on_scrape(collector: Collector) {
+    COLLECTORS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(collector);
+}
+
+async fn collect() {
+    let collectors: Vec<Collector> = COLLECTORS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for collector in collectors {
+        if tokio::time::timeout(COLLECT_LIMIT, collector())
+            .await
+            .is_err()
+        {
+            tracing::warn!("a metrics collector took over 2 s; serving its last values");
+        }
+    }
+}
 
 /// Whether a metrics endpoint is being served.
 pub fn installed() -> bool {
@@ -121,6 +155,10 @@ fn describe() {
         "Job server: GetJob requests waiting"
     );
     describe_gauge!("jobmgr_server_jobs", "Job server: jobs by state");
+    describe_gauge!(
+        "jobmgr_server_jobs_by_name",
+        "Job server: jobs by name and state (the 200 most numerous names; the rest as _other)"
+    );
     describe_histogram!(
         "jobmgr_server_commit_seconds",
         "Job server: duration of a durable commit of a group of writes"
@@ -130,14 +168,11 @@ fn describe() {
 /// The gate states, for `jobmgr_gate_state`.
 const GATE_STATES: [&str; 6] = ["open", "load", "memory", "full", "ramp", "unreadable"];
 
-/// Records the gate's state and the machine's last reading.
-pub fn gate(state: &'static str, load1: Option<f64>, available: Option<u64>) {
+/// Records a pool's gate state and the machine's last reading.
+pub fn gate(pool: &str, state: &'static str, load1: Option<f64>, available: Option<u64>) {
     for candidate in GATE_STATES {
-        gauge!("jobmgr_gate_state", "state" => candidate).set(if candidate == state {
-            1.0
-        } else {
-            0.0
-        });
+        gauge!("jobmgr_gate_state", "pool" => pool.to_string(), "state" => candidate)
+            .set(if candidate == state { 1.0 } else { 0.0 });
     }
     if let Some(load1) = load1 {
         gauge!("jobmgr_load1").set(load1);
@@ -147,9 +182,47 @@ pub fn gate(state: &'static str, load1: Option<f64>, available: Option<u64>) {
     }
 }
 
-/// Records how many workers run.
-pub fn workers_running(count: usize) {
-    gauge!("jobmgr_workers_running").set(count as f64);
+/// How many workers a pool runs, for `jobmgr_workers_running`: each
+/// worker holds a [`WorkerRunning`] for as long as it runs.
+#[derive(Debug, Clone)]
+pub struct RunningWorkers {
+    pool: String,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One running worker; dropping it counts the worker out.
+#[derive(Debug)]
+pub struct WorkerRunning(RunningWorkers);
+
+impl RunningWorkers {
+    /// The gauge of `pool`, at 0.
+    pub fn new(pool: &str) -> Self {
+        let workers = RunningWorkers {
+            pool: pool.to_string(),
+            count: Default::default(),
+        };
+        workers.publish();
+        workers
+    }
+
+    /// Counts a worker in until the returned guard is dropped.
+    pub fn enter(&self) -> WorkerRunning {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        self.publish();
+        WorkerRunning(self.clone())
+    }
+
+    fn publish(&self) {
+        gauge!("jobmgr_workers_running", "pool" => self.pool.clone())
+            .set(self.count.load(Ordering::SeqCst) as f64);
+    }
+}
+
+impl Drop for WorkerRunning {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::SeqCst);
+        self.0.publish();
+    }
 }
 
 /// Records a worker start and how long after its due time it came.
@@ -191,11 +264,71 @@ pub fn lease_renewal(result: &'static str) {
     counter!("jobmgr_lease_renewals_total", "result" => result).increment(1);
 }
 
-/// Records the job server's waiters and jobs by state.
-pub fn server_queue(waiters: usize, by_state: &[(&'static str, u64)]) {
-    gauge!("jobmgr_server_waiters").set(waiters as f64);
-    for (state, count) in by_state {
-        gauge!("jobmgr_server_jobs", "state" => *state).set(*count as f64);
+/// The most job names `jobmgr_server_jobs_by_name` carries; the rest are
+/// summed under the name [`OTHER_NAMES`], so that a server with millions of
+/// distinct names does not flood its scrapers.
+pub const MAX_NAME_SERIES: usize = 200;
+
+/// The name label of the names beyond [`MAX_NAME_SERIES`].
+pub const OTHER_NAMES: &str = "_other";
+
+/// The job server's queue gauges, remembering which (name, state) series it
+/// set so that a name that empties goes to 0 instead of keeping its last
+/// value.
+#[derive(Debug, Default)]
+pub struct QueueGauges {
+    reported: std::collections::HashSet<(String, &'static str)>,
+}
+
+impl QueueGauges {
+    /// Records the waiters, and the jobs by state and by (name, state),
+    /// from `counts` (name, state, jobs).
+    pub fn report(&mut self, waiters: usize, counts: &[(String, crate::protocol::JobState, u64)]) {
+        use std::collections::HashMap;
+        gauge!("jobmgr_server_waiters").set(waiters as f64);
+        for state in crate::protocol::JobState::ALL {
+            let total: u64 = counts
+                .iter()
+                .filter(|(_, s, _)| *s == state)
+                .map(|(_, _, n)| n)
+                .sum();
+            gauge!("jobmgr_server_jobs", "state" => state.as_str()).set(total as f64);
+        }
+        let mut by_name: HashMap<&str, u64> = HashMap::new();
+        for (name, _, n) in counts {
+            *by_name.entry(name.as_str()).or_default() += n;
+        }
+        let mut names: Vec<(&str, u64)> = by_name.into_iter().collect();
+        names.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let kept: std::collections::HashSet<&str> = names
+            .iter()
+            .take(MAX_NAME_SERIES)
+            .map(|(name, _)| *name)
+            .collect();
+        let mut series: HashMap<(String, &'static str), u64> = HashMap::new();
+        for (name, state, n) in counts {
+            let label = if kept.contains(name.as_str()) {
+                name.as_str()
+            } else {
+                OTHER_NAMES
+            };
+            *series
+                .entry((label.to_string(), state.as_str()))
+                .or_default() += n;
+        }
+        for gone in self
+            .reported
+            .iter()
+            .filter(|key| !series.contains_key(*key))
+        {
+            gauge!("jobmgr_server_jobs_by_name", "name" => gone.0.clone(), "state" => gone.1)
+                .set(0.0);
+        }
+        for ((name, state), n) in &series {
+            gauge!("jobmgr_server_jobs_by_name", "name" => name.clone(), "state" => *state)
+                .set(*n as f64);
+        }
+        self.reported = series.into_keys().collect();
     }
 }
 

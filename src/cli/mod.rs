@@ -1,6 +1,7 @@
 //! The command line: `jobmgr server` runs the job server, `jobmgr job …`
 //! talks to one. Errors are mapped to exit codes in one place, [`exit_code`].
 
+mod check_config;
 mod job;
 mod output;
 mod server;
@@ -42,6 +43,8 @@ pub enum Command {
     Server(ServerArgs),
     /// Create, get, inspect and report on jobs of a running server.
     Job(JobArgs),
+    /// Check the supervisor's configuration and print it, with where each value came from.
+    CheckConfig(Box<check_config::CheckConfigArgs>),
 }
 
 /// Why a command failed.
@@ -92,6 +95,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Some(Command::Server(args)) => server::run(args).await,
         Some(Command::Job(command)) => job::run(command).await,
+        Some(Command::CheckConfig(args)) => check_config::run(*args),
         None => supervise::run(cli.supervise).await,
     }
 }

@@ -20,7 +20,7 @@ use crate::supervisor::{Settings, Supervisor};
 /// The supervisor's command line.
 #[derive(Debug, Args)]
 pub struct SuperviseArgs {
-    /// A TOML file with the same options as these flags (flags win); re-read on SIGHUP.
+    /// The main configuration file [default: /etc/jobmgr/jobmgr.toml, if it exists]; conf.d/*.toml beside it follow; flags and JOBMGR_* variables win; re-read on SIGHUP.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// Bearer token for the job server (and for the embedded server's API).
@@ -37,11 +37,8 @@ pub struct SuperviseArgs {
 }
 
 fn effective(args: &SuperviseArgs) -> Result<SupervisorOptions, config::ConfigError> {
-    let file = match &args.config {
-        Some(path) => config::load_file(path)?,
-        None => SupervisorOptions::default(),
-    };
-    Ok(args.options.clone().over(file))
+    let layers = config::load_layers(args.config.as_deref())?;
+    Ok(args.options.clone().over(config::merge_layers(&layers)))
 }
 
 /// Runs the supervisor until it drains.
@@ -55,12 +52,13 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         .parent()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
-    let settings =
-        Settings::resolve(&options, &state_dir).map_err(|e| CliError::Usage(e.to_string()))?;
-    // Fail early and clearly on a missing worker path.
-    crate::supervisor::worker_path::WorkerPath::new(&settings.worker_path).map_err(|e| {
-        CliError::Usage(format!("{e}; pass an existing directory as --worker-path"))
-    })?;
+    let pools = pool_settings(&options, &state_dir).map_err(|e| CliError::Usage(e.to_string()))?;
+    for settings in &pools {
+        // Fail early and clearly on a missing worker path.
+        crate::supervisor::worker_path::WorkerPath::new(&settings.worker_path).map_err(|e| {
+            CliError::Usage(format!("{e}; pass an existing directory as --worker-path"))
+        })?;
+    }
 
     let metrics = super::serve_metrics(options.metrics).await?;
     let mut embedded = None;
@@ -115,20 +113,58 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
     };
 
-    let load: Arc<dyn LoadSource> = Arc::new(settings.load.clone());
-    let reload_args = SuperviseArgs {
-        config: args.config.clone(),
-        token: None,
-        options: args.options.clone(),
-    };
-    let reload_state = state_dir.clone();
-    let supervisor = Supervisor::new(settings, source, load).with_reload(Box::new(move || {
-        let options = effective(&reload_args)?;
-        Settings::resolve(&options, &reload_state)
-    }));
     let (control, controls) = mpsc::unbounded_channel();
     let signals = tokio::spawn(signals.forward(control));
-    let outcome = supervisor.run(controls).await;
+    // Each pool is a supervisor of its own; signals go to all of them.
+    let mut running = tokio::task::JoinSet::new();
+    let mut fan_out = Vec::new();
+    let host = Arc::new(crate::supervisor::Host::default());
+    for settings in pools {
+        let load: Arc<dyn LoadSource> = Arc::new(settings.load.clone());
+        let reload_args = SuperviseArgs {
+            config: args.config.clone(),
+            token: None,
+            options: args.options.clone(),
+        };
+        let reload_state = state_dir.clone();
+        let pool = settings.pool.clone();
+        let supervisor = Supervisor::new(settings, Arc::clone(&source), load)
+            .on_host(Arc::clone(&host))
+            .with_reload(Box::new(move || {
+                let options = effective(&reload_args)?;
+                let pools = pool_settings(&options, &reload_state)?;
+                pools.into_iter().find(|p| p.pool == pool).ok_or_else(|| {
+                config::ConfigError::Setting(format!(
+                    "pool {:?} is no longer in the configuration; restart jobmgr to remove a pool",
+                    pool.as_deref().unwrap_or("main")
+                ))
+            })
+            }));
+        let (tx, rx) = mpsc::unbounded_channel();
+        fan_out.push(tx);
+        running.spawn(supervisor.run(rx));
+    }
+    let mut controls = controls;
+    let forward = tokio::spawn(async move {
+        while let Some(message) = controls.recv().await {
+            for pool in &fan_out {
+                let _ = pool.send(message);
+            }
+        }
+    });
+    let mut outcome = Ok(());
+    while let Some(ended) = running.join_next().await {
+        match ended {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => outcome = Err(CliError::Usage(error.to_string())),
+            Err(error) => {
+                outcome = Err(CliError::Usage(format!(
+                    "a pool stopped unexpectedly: {error}"
+                )))
+            }
+        }
+    }
+    forward.abort();
     signals.abort();
     if let Some((stop, task)) = embedded {
         let _ = stop.send(());
@@ -136,8 +172,47 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             tracing::error!(%error, "embedded server stopped with an error");
         }
     }
-    outcome.map_err(|e| CliError::Usage(e.to_string()))?;
-    Ok(())
+    outcome
+}
+
+/// The settings of each pool: one, unnamed, without `[[pool]]` tables;
+/// otherwise one per table, each with its own spool, the declared schedule
+/// kept by the first.
+pub(super) fn pool_settings(
+    options: &SupervisorOptions,
+    state_dir: &std::path::Path,
+) -> Result<Vec<Settings>, config::ConfigError> {
+    let tables = options.pool.clone().unwrap_or_default();
+    if tables.is_empty() {
+        return Ok(vec![Settings::resolve(options, state_dir)?]);
+    }
+    let mut all: Vec<Settings> = Vec::new();
+    for (index, table) in tables.iter().enumerate() {
+        let name = &table.name;
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            return Err(config::ConfigError::Setting(format!(
+                "[[pool]] name {name:?}: use letters, digits, '_' and '-'"
+            )));
+        }
+        if all.iter().any(|s| s.pool.as_deref() == Some(name)) {
+            return Err(config::ConfigError::Setting(format!(
+                "[[pool]] {name:?} is declared twice"
+            )));
+        }
+        let mut settings = Settings::resolve(&table.over(options), state_dir)
+            .map_err(|e| config::ConfigError::Setting(format!("[[pool]] {name:?}: {e}")))?;
+        settings.spool_dir = settings.spool_dir.join(name);
+        if index > 0 {
+            settings.schedule = None;
+        }
+        settings.pool = Some(name.clone());
+        all.push(settings);
+    }
+    Ok(all)
 }
 
 /// A job source for a server URL.

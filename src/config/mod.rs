@@ -8,148 +8,173 @@ mod values;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use values::{ByteSize, EnvPair, HumanDuration, check_env_name, env_table};
 
 /// The supervisor's options. Every field is optional: unset means "from the
 /// file, else the default".
-#[derive(Debug, Clone, Default, Args, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Args, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SupervisorOptions {
     /// Job names to take: a GLOB such as '*' or 'www-prod/*' [default: *]
-    #[arg(long, alias = "jobName", value_name = "GLOB")]
+    #[arg(long, alias = "jobName", value_name = "GLOB", env = "JOBMGR_JOB_NAME")]
     pub job_name: Option<String>,
     /// Directory holding one executable per job name.
-    #[arg(long, alias = "workerPath", value_name = "DIR")]
+    #[arg(
+        long,
+        alias = "workerPath",
+        value_name = "DIR",
+        env = "JOBMGR_WORKER_PATH"
+    )]
     pub worker_path: Option<PathBuf>,
     /// Start no job while the 1-minute load average is at or above this [default: the CPU count]
-    #[arg(long, alias = "maxLoad", value_name = "LOAD")]
+    #[arg(long, alias = "maxLoad", value_name = "LOAD", env = "JOBMGR_MAX_LOAD")]
     pub max_load: Option<f64>,
     /// Multiply --max-load by the number of CPUs.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_LOAD_PER_CPU")]
     pub load_per_cpu: Option<bool>,
     /// Start no job while available memory is below this [default: 128MiB]
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", env = "JOBMGR_MIN_MEMORY")]
     pub min_memory: Option<ByteSize>,
     /// The most workers at once [default: twice the CPU count]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "JOBMGR_MAX_WORKERS")]
     pub max_workers: Option<usize>,
     /// Concurrency may grow by this many workers per second [default: the CPU count]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "JOBMGR_RAMP")]
     pub ramp: Option<usize>,
     /// A worker running longer is stopped (SIGTERM, grace, SIGKILL) [default: 30m]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_TIMEOUT")]
     pub timeout: Option<HumanDuration>,
     /// Time between SIGTERM and SIGKILL [default: 10s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_KILL_GRACE")]
     pub kill_grace: Option<HumanDuration>,
     /// On SIGTERM, how long running jobs may take to finish before they are stopped and handed back [default: 2m]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<HumanDuration>,
     /// Lease asked for each job, renewed every third of it while the worker runs [default: 30s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_LEASE")]
     pub lease: Option<HumanDuration>,
     /// How long one fetch waits for a job before asking again [default: 30s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_POLL_WAIT")]
     pub poll_wait: Option<HumanDuration>,
     /// Runs in all before a failing job is FAILED [default: 5]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "JOBMGR_MAX_ATTEMPTS")]
     pub max_attempts: Option<i64>,
     /// Delay before the first retry of a failed job; doubles each time, with jitter [default: 10s]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_BACKOFF")]
     pub backoff: Option<HumanDuration>,
     /// The longest retry delay [default: 1h]
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_MAX_BACKOFF")]
     pub max_backoff: Option<HumanDuration>,
     /// Bytes of each of stdout and stderr kept per job, half from the start and half from the end [default: 64KiB]
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", env = "JOBMGR_OUTPUT_CAP")]
     pub output_cap: Option<ByteSize>,
     /// Environment variables passed through to workers (repeatable) [default: PATH LANG LC_ALL TZ]
-    #[arg(long = "env-allow", value_name = "NAME")]
+    #[arg(
+        long = "env-allow",
+        value_name = "NAME",
+        env = "JOBMGR_ENV_ALLOW",
+        value_delimiter = ','
+    )]
     pub env_allow: Option<Vec<String>>,
     /// Extra environment for workers, NAME=VALUE (repeatable)
     #[arg(long = "env", value_name = "NAME=VALUE")]
-    #[serde(default, deserialize_with = "env_table")]
+    #[serde(
+        default,
+        deserialize_with = "env_table",
+        serialize_with = "values::env_table_out",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub env: Option<Vec<EnvPair>>,
     /// Start this many jobs, then drain and exit (for a service manager to restart)
-    #[arg(long, alias = "maxIterations", value_name = "N")]
+    #[arg(
+        long,
+        alias = "maxIterations",
+        value_name = "N",
+        env = "JOBMGR_MAX_ITERATIONS"
+    )]
     pub max_iterations: Option<u64>,
     /// When this file changes (a deploy), drain and exit for the service manager to restart
-    #[arg(long, alias = "versionWatchFile", value_name = "PATH")]
+    #[arg(
+        long,
+        alias = "versionWatchFile",
+        value_name = "PATH",
+        env = "JOBMGR_VERSION_WATCH_FILE"
+    )]
     pub version_watch_file: Option<PathBuf>,
     /// The job server: http://HOST:PORT or bedrock://HOST:PORT [default: an embedded server]
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "JOBMGR_SERVER")]
     pub server: Option<String>,
-    /// Where reports wait while the server is unreachable [default: next to the embedded store]
-    #[arg(long, value_name = "DIR")]
+    /// Where reports wait while the server is unreachable [default: spool/ beside the embedded store]
+    #[arg(long, value_name = "DIR", env = "JOBMGR_SPOOL_DIR")]
     pub spool_dir: Option<PathBuf>,
-    /// Where each job's scratch directory is made [default: $TMPDIR/jobmgr]
-    #[arg(long, value_name = "DIR")]
+    /// Where each job's scratch directory is made [default: scratch/ beside the embedded store]
+    #[arg(long, value_name = "DIR", env = "JOBMGR_SCRATCH_DIR")]
     pub scratch_dir: Option<PathBuf>,
     /// A file in /proc/loadavg format to read the load from [default: /proc/loadavg]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_LOADAVG_PATH")]
     pub loadavg_path: Option<PathBuf>,
     /// A file in /proc/meminfo format to read available memory from [default: /proc/meminfo]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_MEMINFO_PATH")]
     pub meminfo_path: Option<PathBuf>,
     /// Embedded server: its SQLite file [default: as for `jobmgr server`]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_DB")]
     pub db: Option<PathBuf>,
     /// Embedded server: where its HTTP API listens [default: 127.0.0.1:8889]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "JOBMGR_HTTP")]
     pub http: Option<String>,
     /// Embedded server: where its Bedrock port listens, or "none" [default: 127.0.0.1:8888]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "JOBMGR_BEDROCK")]
     pub bedrock: Option<String>,
     /// When running as root: the user workers run as [default: jobmgr, else nobody]; "root" must be said explicitly; "self" means the supervisor's own user
-    #[arg(long, value_name = "USER")]
+    #[arg(long, value_name = "USER", env = "JOBMGR_USER")]
     pub user: Option<String>,
     /// The group workers run as [default: the user's]
-    #[arg(long, value_name = "GROUP")]
+    #[arg(long, value_name = "GROUP", env = "JOBMGR_GROUP")]
     pub group: Option<String>,
     /// The umask workers start with, octal [default: 027]
-    #[arg(long, value_name = "MASK")]
+    #[arg(long, value_name = "MASK", env = "JOBMGR_UMASK")]
     pub umask: Option<String>,
     /// rlimit: address space per worker process
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", env = "JOBMGR_LIMIT_AS")]
     pub limit_as: Option<ByteSize>,
     /// rlimit: CPU time per worker process
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_LIMIT_CPU")]
     pub limit_cpu: Option<HumanDuration>,
     /// rlimit: open files per worker process
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "JOBMGR_LIMIT_NOFILE")]
     pub limit_nofile: Option<u64>,
     /// rlimit: processes of the worker's user
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "JOBMGR_LIMIT_NPROC")]
     pub limit_nproc: Option<u64>,
     /// rlimit: largest file a worker may write
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", env = "JOBMGR_LIMIT_FSIZE")]
     pub limit_fsize: Option<ByteSize>,
     /// rlimit: core dump size [default: 0, no core dumps]
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", env = "JOBMGR_LIMIT_CORE")]
     pub limit_core: Option<ByteSize>,
     /// cgroup: memory of a job's whole process tree (needs cgroups)
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", env = "JOBMGR_MEMORY_MAX")]
     pub memory_max: Option<ByteSize>,
     /// cgroup: processes of a job's whole tree [default: 4096 where cgroups exist]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "JOBMGR_PIDS_MAX")]
     pub pids_max: Option<u64>,
     /// cgroup: CPUs' worth of time for a job's whole tree, e.g. 0.5 or 2 (needs cgroups)
-    #[arg(long, value_name = "CPUS")]
+    #[arg(long, value_name = "CPUS", env = "JOBMGR_CPU_MAX")]
     pub cpu_max: Option<f64>,
     /// Give workers no network (needs root)
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_NO_NETWORK")]
     pub no_network: Option<bool>,
     /// Make the filesystem read-only for workers except their scratch directory (Landlock)
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_READ_ONLY_FS")]
     pub read_only_fs: Option<bool>,
     /// Give workers a /tmp of their own (needs root)
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_PRIVATE_TMP")]
     pub private_tmp: Option<bool>,
     /// Serve Prometheus metrics on this address (at /metrics) [default: off]
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "JOBMGR_METRICS")]
     pub metrics: Option<std::net::SocketAddr>,
     /// Recurring jobs declared in the file (`[[schedule]]` tables).
     #[arg(skip)]
@@ -158,11 +183,61 @@ pub struct SupervisorOptions {
     /// matching table applies.
     #[arg(skip)]
     pub job: Option<Vec<JobRule>>,
+    /// Several pools in one process (`[[pool]]` tables), each with its own
+    /// job names, worker path, load limit and concurrency.
+    #[arg(skip)]
+    pub pool: Option<Vec<PoolOptions>>,
+}
+
+/// One pool of a supervisor that runs several: its own job-name GLOB,
+/// worker path, load limit and concurrency. Everything else is shared
+/// (the supervisor-wide settings and `[[job]]` tables).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PoolOptions {
+    /// The pool's name, for logs and metrics.
+    pub name: String,
+    /// Job names this pool takes.
+    pub job_name: String,
+    /// Where its workers are.
+    pub worker_path: Option<PathBuf>,
+    /// Its load limit.
+    pub max_load: Option<f64>,
+    /// Scale its load limit by the CPU count.
+    pub load_per_cpu: Option<bool>,
+    /// Its memory floor.
+    pub min_memory: Option<ByteSize>,
+    /// Its concurrency cap.
+    pub max_workers: Option<usize>,
+    /// Its ramp.
+    pub ramp: Option<usize>,
+}
+
+impl PoolOptions {
+    /// The supervisor-wide options with this pool's on top (its own spool
+    /// directory beneath the shared one).
+    pub fn over(&self, base: &SupervisorOptions) -> SupervisorOptions {
+        let mut merged = base.clone();
+        merged.job_name = Some(self.job_name.clone());
+        macro_rules! take {
+            ($($field:ident),*) => { $( if self.$field.is_some() { merged.$field = self.$field.clone(); } )* };
+        }
+        take!(
+            worker_path,
+            max_load,
+            load_per_cpu,
+            min_memory,
+            max_workers,
+            ramp
+        );
+        merged.pool = None;
+        merged
+    }
 }
 
 /// Settings for the jobs whose names match `name` (a GLOB, or an exact
 /// name). Unset keys keep the supervisor-wide value.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct JobRule {
     /// Which job names: a GLOB such as "batch/*".
@@ -178,7 +253,12 @@ pub struct JobRule {
     /// Longest retry delay.
     pub max_backoff: Option<HumanDuration>,
     /// Extra environment, added to the supervisor-wide one.
-    #[serde(default, deserialize_with = "env_table")]
+    #[serde(
+        default,
+        deserialize_with = "env_table",
+        serialize_with = "values::env_table_out",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub env: Option<Vec<EnvPair>>,
     /// The most of these jobs running at once on this supervisor.
     pub max_concurrency: Option<usize>,
@@ -255,7 +335,7 @@ impl JobRule {
 /// A recurring job declared in a configuration file. On start and on
 /// reload it is created as a unique job; when its entry changes the job is
 /// updated, and when the entry goes the job is deleted.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ScheduleEntry {
     /// The job's name (its worker is named after the last `/` part).
@@ -323,9 +403,80 @@ impl SupervisorOptions {
             read_only_fs,
             private_tmp,
             schedule,
-            job
+            job,
+            pool
         )
     }
+}
+
+/// The main configuration file when `--config` names none.
+pub const DEFAULT_CONFIG: &str = "/etc/jobmgr/jobmgr.toml";
+
+/// One configuration file's options.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// The file.
+    pub path: PathBuf,
+    /// What it sets.
+    pub options: SupervisorOptions,
+}
+
+/// Reads the configuration files in order: the main file (`config`, else
+/// [`DEFAULT_CONFIG`] if it exists), then `conf.d/*.toml` beside it in name
+/// order. A missing `config` given explicitly is an error.
+pub fn load_layers(config: Option<&Path>) -> Result<Vec<Layer>, ConfigError> {
+    let main = config.unwrap_or(Path::new(DEFAULT_CONFIG));
+    let mut layers = Vec::new();
+    if config.is_some() || main.exists() {
+        layers.push(Layer {
+            path: main.to_path_buf(),
+            options: load_file(main)?,
+        });
+    }
+    let drop_ins = main.parent().unwrap_or(Path::new(".")).join("conf.d");
+    if drop_ins.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&drop_ins)
+            .map_err(|source| ConfigError::Read {
+                path: drop_ins.clone(),
+                source,
+            })?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+            .collect();
+        files.sort();
+        for path in files {
+            let options = load_file(&path)?;
+            layers.push(Layer { path, options });
+        }
+    }
+    Ok(layers)
+}
+
+/// The files' options merged: a later file's value wins; `[[schedule]]` and
+/// `[[job]]` tables add up.
+pub fn merge_layers(layers: &[Layer]) -> SupervisorOptions {
+    layers
+        .iter()
+        .fold(SupervisorOptions::default(), |earlier, layer| {
+            let mut merged = layer.options.clone().over(earlier.clone());
+            merged.schedule = concat(&earlier.schedule, &layer.options.schedule);
+            merged.job = concat(&earlier.job, &layer.options.job);
+            merged.pool = concat(&earlier.pool, &layer.options.pool);
+            merged
+        })
+}
+
+fn concat<T: Clone>(a: &Option<Vec<T>>, b: &Option<Vec<T>>) -> Option<Vec<T>> {
+    match (a, b) {
+        (None, None) => None,
+        _ => Some(a.iter().chain(b.iter()).flatten().cloned().collect()),
+    }
+}
+
+/// The keys an options value sets, as TOML values.
+pub fn set_keys(options: &SupervisorOptions) -> toml::Table {
+    toml::Table::try_from(options).unwrap_or_default()
 }
 
 /// Why a configuration file was refused.

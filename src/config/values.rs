@@ -5,7 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A duration written as `250ms`, `30s`, `5m`, `1h 30m`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +131,28 @@ pub fn env_table<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<EnvPair>>
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
         .map_err(serde::de::Error::custom)
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+/// Writes pairs as a TOML table of `NAME = "VALUE"`.
+pub fn env_table_out<S: Serializer>(pairs: &Option<Vec<EnvPair>>, s: S) -> Result<S::Ok, S::Error> {
+    let table: std::collections::BTreeMap<&str, &str> = pairs
+        .iter()
+        .flatten()
+        .map(|p| (p.0.as_str(), p.1.as_str()))
+        .collect();
+    table.serialize(s)
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ impl Server {
             }
             None => None,
         };
-        let gauges = tokio::spawn(report_queue(self.queue.clone(), stop.clone()));
+        report_queue(self.queue.clone(), stop.clone());
         let app = http::router(self.queue.clone(), token);
         let queue = self.queue.clone();
         let signal = stop.clone();
@@ -187,7 +187,6 @@ impl Server {
         if let Some(bedrock) = bedrock {
             let _ = bedrock.await;
         }
-        gauges.abort();
         // Put-backs of undelivered jobs still need the store.
         self.queue.settle().await;
         self.store.close();
@@ -195,30 +194,29 @@ impl Server {
     }
 }
 
-/// Keeps the queue gauges (waiters, jobs by state) current, every 10 s,
-/// while a metrics endpoint is installed.
-async fn report_queue(queue: Queue, stop: CancellationToken) {
+/// Has the queue gauges (waiters, jobs by state and by name) counted on
+/// every scrape, while this server runs and a metrics endpoint is installed.
+fn report_queue(queue: Queue, stop: CancellationToken) {
     if !crate::metrics::installed() {
         return;
     }
-    loop {
-        if let Ok(counts) = queue.count_by_state().await {
-            let by_state: Vec<(&'static str, u64)> = crate::protocol::JobState::ALL
-                .iter()
-                .map(|s| {
-                    (
-                        s.as_str(),
-                        counts.iter().find(|(c, _)| c == s).map_or(0, |(_, n)| *n),
-                    )
-                })
-                .collect();
-            crate::metrics::server_queue(queue.waiting(), &by_state);
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
-        }
-    }
+    let gauges = Arc::new(std::sync::Mutex::new(crate::metrics::QueueGauges::default()));
+    crate::metrics::collect_on_scrape(Arc::new(move || {
+        let queue = queue.clone();
+        let stop = stop.clone();
+        let gauges = Arc::clone(&gauges);
+        Box::pin(async move {
+            if stop.is_cancelled() {
+                return;
+            }
+            if let Ok(counts) = queue.count_by_name().await {
+                gauges
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .report(queue.waiting(), &counts);
+            }
+        })
+    }));
 }
 
 /// Runs the job server with only its HTTP API on `http` until `shutdown`

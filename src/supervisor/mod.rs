@@ -77,11 +77,34 @@ pub enum SupervisorError {
 /// Re-reads the configuration (on SIGHUP).
 pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>;
 
+/// What the pools of one process share: the one thread workers are forked
+/// from (with the orphan reaper, which must know every pool's workers) and
+/// the job cgroups. Both are made by the first pool that runs.
+#[derive(Default)]
+pub struct Host {
+    launcher: std::sync::Mutex<Option<Launcher>>,
+    cgroups: std::sync::OnceLock<Result<Arc<cgroup::Cgroups>, String>>,
+}
+
+impl Host {
+    /// The launcher, started on first use (under the lock, so that there is
+    /// only ever one orphan reaper).
+    fn launcher(&self) -> Result<Launcher, SupervisorError> {
+        let mut slot = self.launcher.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(launcher) = slot.as_ref() {
+            return Ok(launcher.clone());
+        }
+        let started = Launcher::start(tokio::runtime::Handle::current())
+            .map_err(|e| SupervisorError::Io(format!("cannot start the launcher thread: {e}")))?;
+        Ok(slot.insert(started).clone())
+    }
+}
+
 /// A supervisor, ready to run.
 pub struct Supervisor {
     settings: Arc<RwLock<Arc<Settings>>>,
     generation: RwLock<Option<Arc<Generation>>>,
-    cgroups: std::sync::OnceLock<Result<Arc<cgroup::Cgroups>, String>>,
+    host: Arc<Host>,
     source: Arc<dyn JobSource>,
     load: Arc<dyn LoadSource>,
     reload: Option<Reloader>,
@@ -185,11 +208,18 @@ impl Supervisor {
         Supervisor {
             settings: Arc::new(RwLock::new(Arc::new(settings))),
             generation: RwLock::new(None),
-            cgroups: std::sync::OnceLock::new(),
+            host: Arc::default(),
             source,
             load,
             reload: None,
         }
+    }
+
+    /// Shares the launcher thread and the cgroups with the other pools of
+    /// this process.
+    pub fn on_host(mut self, host: Arc<Host>) -> Self {
+        self.host = host;
+        self
     }
 
     /// Re-read the configuration with `reload` on [`Control::Reload`].
@@ -226,13 +256,15 @@ impl Supervisor {
         let all: Vec<&sandbox::SandboxSettings> = std::iter::once(&settings.job.sandbox)
             .chain(settings.rules.iter().map(|(_, job)| &job.sandbox))
             .collect();
-        let cgroups = self.cgroups.get_or_init(|| sandbox::Sandbox::cgroups(&all));
+        let cgroups = self
+            .host
+            .cgroups
+            .get_or_init(|| sandbox::Sandbox::cgroups(&all));
         let generation =
             Generation::build(Arc::clone(&settings), cgroups).map_err(SupervisorError::Io)?;
         generation.describe();
         *self.generation.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(generation));
-        let launcher = Launcher::start(tokio::runtime::Handle::current())
-            .map_err(|e| SupervisorError::Io(format!("cannot start the launcher thread: {e}")))?;
+        let launcher = self.host.launcher()?;
         let shared = Arc::new(Shared {
             source: Arc::clone(&self.source),
             launcher,
@@ -251,6 +283,7 @@ impl Supervisor {
 
         tracing::info!(
             server = %self.source.describe(),
+            pool = settings.pool.as_deref().unwrap_or("main"),
             job_name = %settings.job_name,
             worker_path = %settings.worker_path.display(),
             max_load = settings.gate.max_load,
@@ -265,6 +298,8 @@ impl Supervisor {
 
         let mut gate = Gate::new(settings.gate);
         let mut workers: JoinSet<()> = JoinSet::new();
+        let running =
+            crate::metrics::RunningWorkers::new(settings.pool.as_deref().unwrap_or("main"));
         let stop_workers = CancellationToken::new();
         let mut started: u64 = 0;
         let mut quiet = false;
@@ -312,13 +347,13 @@ impl Supervisor {
             let checked = gate.check(workers.len(), self.load.as_ref(), Instant::now());
             let sample = gate.last_sample();
             crate::metrics::gate(
+                settings.pool.as_deref().unwrap_or("main"),
                 checked
                     .as_ref()
                     .map_or_else(|closed| closed.name(), |_| "open"),
                 sample.map(|s| s.load1),
                 sample.map(|s| s.available_memory),
             );
-            crate::metrics::workers_running(workers.len());
             let slots = match checked {
                 Ok(slots) => {
                     if let Some(reason) = last_closed.take() {
@@ -399,8 +434,11 @@ impl Supervisor {
                             job: leased,
                             stop: stop_workers.child_token(),
                         };
-                        workers.spawn(task.run());
-                        crate::metrics::workers_running(workers.len());
+                        let counted = running.enter();
+                        workers.spawn(async move {
+                            let _counted = counted;
+                            task.run().await
+                        });
                     }
                 }
                 Err(error) => {
@@ -501,6 +539,7 @@ impl Supervisor {
         let built = reload().map_err(|e| e.to_string()).and_then(|settings| {
             let settings = Arc::new(settings);
             let cgroups = self
+                .host
                 .cgroups
                 .get()
                 .cloned()

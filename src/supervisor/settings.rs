@@ -54,6 +54,8 @@ pub struct Settings {
     pub schedule: Option<Vec<CreateJob>>,
     /// Where the supervisor keeps its own state (the declared-jobs record).
     pub state_dir: PathBuf,
+    /// The pool's name, when the process runs several.
+    pub pool: Option<String>,
 }
 
 /// The settings that may differ by job name.
@@ -194,6 +196,7 @@ impl Settings {
             rules,
             schedule: options.schedule.is_some().then_some(schedule),
             state_dir: state_dir.to_path_buf(),
+            pool: None,
         })
     }
 }
@@ -277,4 +280,94 @@ fn job_settings(
         },
         max_concurrency,
     })
+}
+
+impl Settings {
+    /// Every setting by its configuration key, with its effective value
+    /// written as TOML, or as a `#` comment when unset (for `jobmgr
+    /// check-config`). Keys the supervisor
+    /// resolves into others (`load-per-cpu` into `max-load`) show the
+    /// result.
+    pub fn effective(&self) -> Vec<(&'static str, String)> {
+        use crate::config::{ByteSize, HumanDuration};
+        let text = |s: &str| format!("{s:?}");
+        let path = |p: &std::path::Path| format!("{:?}", p.display().to_string());
+        let duration = |d: Duration| format!("\"{}\"", HumanDuration(d));
+        let size = |n: u64| format!("\"{}\"", ByteSize(n));
+        let optional = |v: Option<String>| v.unwrap_or_else(|| "# not set".into());
+        let job = &self.job;
+        let sandbox = &job.sandbox;
+        let limits = &sandbox.rlimits;
+        vec![
+            ("job-name", text(&self.job_name)),
+            ("worker-path", path(&self.worker_path)),
+            ("max-load", format!("{:.2}", self.gate.max_load)),
+            ("min-memory", size(self.gate.min_available_memory)),
+            ("max-workers", self.gate.max_workers.to_string()),
+            ("ramp", self.gate.ramp.to_string()),
+            ("timeout", duration(job.timeout)),
+            ("kill-grace", duration(job.kill_grace)),
+            ("drain-timeout", duration(self.drain_timeout)),
+            ("lease", duration(self.lease)),
+            ("poll-wait", duration(self.poll_wait)),
+            ("max-attempts", job.retry.max_attempts.to_string()),
+            ("backoff", duration(job.retry.backoff)),
+            ("max-backoff", duration(job.retry.max_backoff)),
+            ("output-cap", size(self.output_cap as u64)),
+            ("env-allow", format!("{:?}", self.env_allow)),
+            (
+                "env",
+                format!(
+                    "{{ {} }}",
+                    job.env
+                        .iter()
+                        .map(|(k, v)| format!("{k} = {v:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            (
+                "max-iterations",
+                optional(self.max_iterations.map(|n| n.to_string())),
+            ),
+            (
+                "version-watch-file",
+                optional(self.version_watch_file.as_deref().map(path)),
+            ),
+            ("spool-dir", path(&self.spool_dir)),
+            ("scratch-dir", path(&self.scratch_dir)),
+            ("loadavg-path", path(&self.load.loadavg)),
+            ("meminfo-path", path(&self.load.meminfo)),
+            ("user", optional(sandbox.user.as_deref().map(text))),
+            ("group", optional(sandbox.group.as_deref().map(text))),
+            ("umask", format!("\"{:03o}\"", sandbox.umask)),
+            ("limit-as", optional(limits.address_space.map(size))),
+            (
+                "limit-cpu",
+                optional(limits.cpu_seconds.map(|s| duration(Duration::from_secs(s)))),
+            ),
+            (
+                "limit-nofile",
+                optional(limits.open_files.map(|n| n.to_string())),
+            ),
+            (
+                "limit-nproc",
+                optional(limits.processes.map(|n| n.to_string())),
+            ),
+            ("limit-fsize", optional(limits.file_size.map(size))),
+            ("limit-core", optional(limits.core.map(size))),
+            ("memory-max", optional(sandbox.cgroup.memory_max.map(size))),
+            (
+                "pids-max",
+                optional(sandbox.cgroup.pids_max.map(|n| n.to_string())),
+            ),
+            (
+                "cpu-max",
+                optional(sandbox.cgroup.cpu_max.map(|c| c.to_string())),
+            ),
+            ("no-network", sandbox.no_network.to_string()),
+            ("read-only-fs", sandbox.read_only.to_string()),
+            ("private-tmp", sandbox.private_tmp.to_string()),
+        ]
+    }
 }

@@ -887,6 +887,71 @@ fn unknown_methods_answer_430_and_keep_the_connection() {
         .assert_error("404 No job found");
 }
 
+#[test]
+fn token_is_required_beyond_loopback_but_not_on_it() {
+    // Listening on all interfaces, the port asks for the server's token.
+    // (Started by hand: the shared harness always binds 127.0.0.1.)
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(bin())
+        .args(["server", "--db"])
+        .arg(dir.path().join("jobs.db"))
+        .args(["--http", "127.0.0.1:0", "--bedrock", "0.0.0.0:0"])
+        .args(["--token", "s3cret"])
+        .env_remove("JOBMGR_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn jobmgr server");
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .expect("ready line");
+    let _server = KillOnDrop(child);
+    let field = |key: &str| {
+        ready
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {ready:?}"))
+            .to_string()
+    };
+    let port = field("bedrock=").rsplit(':').next().unwrap().to_string();
+    let addr = format!("127.0.0.1:{port}");
+    let api = Api::new(&field("http=")).with_token("s3cret");
+    // Without it, or with a wrong one: refused and closed, nothing runs.
+    for token in [None, Some("wrong"), Some("")] {
+        let mut conn = Conn::open(&addr);
+        let mut headers = vec![("name", "needs-token")];
+        if let Some(token) = token {
+            headers.push(("Token", token));
+        }
+        conn.call(&req("CreateJob", &headers))
+            .assert_error("401 Unauthorized: send the server's token in a Token header");
+        conn.assert_closed();
+    }
+    let (_, list) = api.get("/jobs?name=needs-token");
+    assert_eq!(list["jobs"], json!([]), "a refused request ran");
+    // With it, served as usual.
+    let mut conn = Conn::open(&addr);
+    let id = create(&mut conn, &[("name", "needs-token"), ("token", "s3cret")]);
+    assert_eq!(api.job(id)["name"], "needs-token");
+
+    // On loopback, Bedrock clients keep working without a token (by design:
+    // src/server/mod.rs passes no token to a loopback Bedrock listener).
+    let local = Server::builder().arg("--token").arg("s3cret").start();
+    let mut conn = Conn::open(&local.bedrock);
+    let id = create(&mut conn, &[("name", "no-token-needed")]);
+    assert_eq!(query(&mut conn, id)["name"], "no-token-needed");
+}
+
 // ----- Framing ------------------------------------------------------------------
 
 #[test]

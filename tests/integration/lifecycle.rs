@@ -9,25 +9,6 @@ use crate::common::*;
 
 const ECHO_DATA: &str = "#!/bin/sh\ncat > /dev/null\necho '{\"done\":true}'\n";
 
-/// Fetches `/metrics` from `addr` as text.
-fn scrape(addr: &str) -> String {
-    reqwest::blocking::get(format!("http://{addr}/metrics"))
-        .expect("scrape")
-        .text()
-        .expect("text")
-}
-
-/// The value of the first sample line of `series` whose labels contain all
-/// of `labels`.
-fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| line.starts_with(series) && line[series.len()..].starts_with(['{', ' ']))
-        .find(|line| labels.iter().all(|l| line.contains(l)))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn without_server_the_supervisor_runs_an_embedded_one_that_clients_can_reach() {
     let sup = Supervisor::embedded().worker("Echo", ECHO_DATA).start();

@@ -370,8 +370,8 @@ impl Queue {
     }
 
     /// How many jobs are in each state.
-    pub async fn count_by_state(&self) -> Result<Vec<(JobState, u64)>, JobError> {
-        self.read(|tx| tx.count_by_state()).await
+    pub async fn count_by_name(&self) -> Result<Vec<(String, JobState, u64)>, JobError> {
+        self.read(|tx| tx.count_by_name()).await
     }
 
     /// UpdateJob.

@@ -75,7 +75,7 @@ pub trait StoreTx {
     /// Jobs in id order.
     fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError>;
     /// How many jobs are in each state.
-    fn count_by_state(&mut self) -> Result<Vec<(JobState, u64)>, JobError>;
+    fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError>;
 }
 
 /// Called once a write operation's transaction has ended: with `None` when it

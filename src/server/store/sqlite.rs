@@ -321,7 +321,7 @@ impl StoreTx for FailingTx {
     fn list(&mut self, _: &ListQuery) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())
     }
-    fn count_by_state(&mut self) -> Result<Vec<(JobState, u64)>, JobError> {
+    fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
         Err(self.0.clone())
     }
 }
@@ -609,16 +609,16 @@ impl StoreTx for SqliteTx<'_> {
         }
     }
 
-    fn count_by_state(&mut self) -> Result<Vec<(JobState, u64)>, JobError> {
+    fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
         let mut statement = self
             .conn
-            .prepare_cached("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+            .prepare_cached("SELECT name, state, COUNT(*) FROM jobs GROUP BY name, state")
             .map_err(store_error)?;
         let rows = statement
             .query_map([], |row| {
-                let state: String = row.get(0)?;
-                let state = state.parse::<JobState>().map_err(|e| conversion(0, e))?;
-                Ok((state, row.get::<_, i64>(1)? as u64))
+                let state: String = row.get(1)?;
+                let state = state.parse::<JobState>().map_err(|e| conversion(1, e))?;
+                Ok((row.get(0)?, state, row.get::<_, i64>(2)? as u64))
             })
             .map_err(store_error)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(store_error)

@@ -29,6 +29,8 @@ pub struct Server {
     pub url: String,
     /// The Bedrock port's `127.0.0.1:PORT`.
     pub bedrock: String,
+    /// The metrics endpoint's `127.0.0.1:PORT`, with `--metrics`.
+    pub metrics: String,
     /// The SQLite file.
     pub db: PathBuf,
     dir: Option<tempfile::TempDir>,
@@ -80,6 +82,7 @@ impl ServerBuilder {
             child: None,
             url: String::new(),
             bedrock: String::new(),
+            metrics: String::new(),
             db,
             dir,
             args: self.args,
@@ -119,7 +122,6 @@ impl Server {
             .arg("127.0.0.1:0")
             .args(&self.args)
             .env("JOBMGR_LOG", "info,jobmgr=debug")
-            .env_remove("JOBMGR_TOKEN")
             .stdout(Stdio::piped())
             .stderr(stderr)
             .stdin(Stdio::null());
@@ -154,6 +156,11 @@ impl Server {
         self.bedrock = line
             .split_whitespace()
             .find_map(|w| w.strip_prefix("bedrock="))
+            .unwrap_or_default()
+            .to_string();
+        self.metrics = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("metrics="))
             .unwrap_or_default()
             .to_string();
         self.child = Some(child);
@@ -380,6 +387,25 @@ pub fn raw_exchange(addr: &str, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Fetches `/metrics` from `addr` as text.
+pub fn scrape(addr: &str) -> String {
+    reqwest::blocking::get(format!("http://{addr}/metrics"))
+        .expect("scrape")
+        .text()
+        .expect("metrics text")
+}
+
+/// The value of the first sample of `series` whose labels include every one
+/// of `labels` (each written `key="value"`).
+pub fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| line.starts_with(series) && line[series.len()..].starts_with(['{', ' ']))
+        .find(|line| labels.iter().all(|l| line.contains(l)))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// Runs `jobmgr job …` against a server; returns (exit code, stdout, stderr).
 pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
     let output = Command::new(bin())
@@ -413,6 +439,7 @@ pub struct Supervisor {
 /// Options for starting a supervisor.
 pub struct SupervisorBuilder {
     args: Vec<String>,
+    envs: Vec<(String, String)>,
     user: Option<String>,
     workers: Vec<(String, String)>,
     dir: tempfile::TempDir,
@@ -437,6 +464,7 @@ impl Supervisor {
         std::fs::create_dir(dir.path().join("workers")).expect("workers dir");
         SupervisorBuilder {
             args: vec!["--server".into(), server_url.into()],
+            envs: Vec::new(),
             // As root, workers would run as an unprivileged user who cannot
             // reach this test's private directories; tests about users say so.
             user: nix::unistd::geteuid().is_root().then(|| "root".to_string()),
@@ -545,6 +573,12 @@ impl SupervisorBuilder {
         self
     }
 
+    /// An environment variable for the supervisor (`JOBMGR_*` settings).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// The user workers run as (when the tests run as root); `None` for
     /// the supervisor's default.
     pub fn user(mut self, user: Option<&str>) -> Self {
@@ -577,6 +611,19 @@ impl SupervisorBuilder {
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
         let d = dir.path();
         let mut command = Command::new(bin());
+        // Only what the test says: no /etc/jobmgr files, no JOBMGR_*
+        // variables from the environment the tests run in.
+        if !self.args.iter().any(|a| a == "--config") {
+            let empty = d.join("empty.toml");
+            std::fs::write(&empty, "").expect("empty config");
+            command.arg("--config").arg(empty);
+        }
+        for (key, _) in std::env::vars() {
+            if key.starts_with("JOBMGR_") {
+                command.env_remove(key);
+            }
+        }
+        command.envs(self.envs.iter().map(|(k, v)| (k, v)));
         command
             .arg("--worker-path")
             .arg(&workers)
@@ -600,7 +647,6 @@ impl SupervisorBuilder {
             ])
             .args(&self.args)
             .env("JOBMGR_LOG", "info,jobmgr=debug")
-            .env_remove("JOBMGR_TOKEN")
             .stdout(Stdio::piped())
             .stderr(stderr)
             .stdin(Stdio::null());
