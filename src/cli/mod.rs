@@ -5,7 +5,10 @@ mod check_config;
 mod job;
 mod output;
 mod server;
+mod service;
+mod shell;
 mod signals;
+mod status;
 mod supervise;
 
 use std::process::ExitCode;
@@ -34,6 +37,16 @@ pub struct Cli {
     /// The supervisor's options.
     #[command(flatten)]
     pub supervise: SuperviseArgs,
+    /// How log lines are written: auto (journal under journald, else text), text, json, journal.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "auto",
+        env = "JOBMGR_LOG_FORMAT"
+    )]
+    pub log_format: crate::logging::LogFormat,
 }
 
 /// The subcommands.
@@ -45,6 +58,12 @@ pub enum Command {
     Job(JobArgs),
     /// Check the supervisor's configuration and print it, with where each value came from.
     CheckConfig(Box<check_config::CheckConfigArgs>),
+    /// Show what the running supervisor is doing: its gate, and each job with its worker's pid and elapsed time.
+    Status(Box<status::StatusArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(shell::CompletionsArgs),
+    /// Print the man page, jobmgr(1), in roff.
+    Man,
 }
 
 /// Why a command failed.
@@ -96,6 +115,9 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Some(Command::Server(args)) => server::run(args).await,
         Some(Command::Job(command)) => job::run(command).await,
         Some(Command::CheckConfig(args)) => check_config::run(*args),
+        Some(Command::Completions(args)) => shell::completions(args),
+        Some(Command::Status(args)) => status::run(*args),
+        Some(Command::Man) => shell::man(),
         None => supervise::run(cli.supervise).await,
     }
 }

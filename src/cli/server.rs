@@ -93,6 +93,8 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         config.db.display()
     );
     tracing::info!(http = %local, bedrock = %bedrock_addr, "job server listening");
+    super::service::ready(&format!("serving http={local} bedrock={bedrock_addr}"));
+    super::service::keep_watchdog();
     let listeners = Listeners { http, bedrock };
     started
         .serve(listeners, config.token, signals.shutdown())

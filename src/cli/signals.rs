@@ -33,6 +33,7 @@ impl Signals {
             _ = self.int.recv() => "SIGINT",
         };
         tracing::info!(signal = name, "stop requested");
+        super::service::stopping("stopping: answering held requests");
     }
 
     /// Turns signals into the supervisor's control messages: SIGTERM/SIGINT
@@ -56,6 +57,11 @@ impl Signals {
     fn drain(drains: &mut u32, name: &str) -> Control {
         *drains += 1;
         tracing::info!(signal = name, "stop requested");
+        super::service::stopping(if *drains > 1 {
+            "stopping running jobs now"
+        } else {
+            "draining: running jobs may finish"
+        });
         if *drains > 1 {
             Control::StopNow
         } else {

@@ -113,12 +113,17 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
     };
 
+    super::service::ready(&format!("supervising: {}", source.describe()));
+    super::service::keep_watchdog();
     let (control, controls) = mpsc::unbounded_channel();
+    let stop_pools = control.clone();
     let signals = tokio::spawn(signals.forward(control));
     // Each pool is a supervisor of its own; signals go to all of them.
     let mut running = tokio::task::JoinSet::new();
     let mut fan_out = Vec::new();
-    let host = Arc::new(crate::supervisor::Host::default());
+    let host = Arc::new(crate::supervisor::Host::new(&source.describe()));
+    let status_path = config::status_file(&options, &state_dir);
+    let status_writer = host.status.keep_written(status_path.clone());
     for settings in pools {
         let load: Arc<dyn LoadSource> = Arc::new(settings.load.clone());
         let reload_args = SuperviseArgs {
@@ -153,6 +158,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
     });
     let mut outcome = Ok(());
+    let mut pools_stopped = false;
     while let Some(ended) = running.join_next().await {
         match ended {
             Ok(Ok(_)) => {}
@@ -163,8 +169,15 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 )))
             }
         }
+        if outcome.is_err() && !pools_stopped {
+            // One pool cannot run: drain the others rather than run half.
+            pools_stopped = true;
+            let _ = stop_pools.send(crate::supervisor::Control::Drain);
+        }
     }
     forward.abort();
+    status_writer.abort();
+    let _ = std::fs::remove_file(&status_path);
     signals.abort();
     if let Some((stop, task)) = embedded {
         let _ = stop.send(());

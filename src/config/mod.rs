@@ -110,6 +110,9 @@ pub struct SupervisorOptions {
     /// Where reports wait while the server is unreachable [default: spool/ beside the embedded store]
     #[arg(long, value_name = "DIR", env = "JOBMGR_SPOOL_DIR")]
     pub spool_dir: Option<PathBuf>,
+    /// Where the supervisor says what it is running, for `jobmgr status` [default: status.json beside the spool directory]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_STATUS_FILE")]
+    pub status_file: Option<PathBuf>,
     /// Where each job's scratch directory is made [default: scratch/ beside the embedded store]
     #[arg(long, value_name = "DIR", env = "JOBMGR_SCRATCH_DIR")]
     pub scratch_dir: Option<PathBuf>,
@@ -380,6 +383,7 @@ impl SupervisorOptions {
             version_watch_file,
             server,
             spool_dir,
+            status_file,
             scratch_dir,
             loadavg_path,
             meminfo_path,
@@ -518,6 +522,19 @@ pub fn parse_file(path: &Path, text: &str) -> Result<SupervisorOptions, ConfigEr
         path: path.to_path_buf(),
         message: error.to_string().trim_end().replace('\n', "\n  "),
     })
+}
+
+/// The status file of a supervisor with these options: `status-file`, else
+/// `status.json` beside the spool directory (whose default is `spool/` in
+/// `state_dir`).
+pub fn status_file(options: &SupervisorOptions, state_dir: &Path) -> PathBuf {
+    if let Some(path) = &options.status_file {
+        return path.clone();
+    }
+    match &options.spool_dir {
+        Some(spool) => spool.parent().unwrap_or(Path::new(".")).join("status.json"),
+        None => state_dir.join("status.json"),
+    }
 }
 
 #[cfg(test)]

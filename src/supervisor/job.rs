@@ -36,7 +36,8 @@ pub(super) struct JobTask {
 impl JobTask {
     pub async fn run(self) {
         let span = tracing::info_span!("job", job_id = self.job.id, job_name = %self.job.name);
-        self.run_job().instrument(span).await
+        let on_board = Arc::new(self.shared.board.running(self.job.id, &self.job.name));
+        self.run_job(on_board).instrument(span).await
     }
 
     /// Which run of the job this is: the server's count where it keeps one,
@@ -62,7 +63,7 @@ impl JobTask {
             .is_some_and(|r| !r.is_empty())
     }
 
-    async fn run_job(self) {
+    async fn run_job(self, on_board: Arc<super::status::OnBoard>) {
         let attempt = self.attempt();
         let started = std::time::Instant::now();
         let retry = self.job_settings().retry;
@@ -71,7 +72,7 @@ impl JobTask {
             attempt,
             repeats: self.repeats(),
         };
-        let decision = match self.run_worker(facts).await {
+        let decision = match self.run_worker(facts, on_board).await {
             Ok(decision) => decision,
             Err(why) => {
                 if let NotRun::Busy(reason) = &why {
@@ -103,7 +104,11 @@ impl JobTask {
         self.generation.settings.for_job(&self.job.name).1
     }
 
-    async fn run_worker(&self, facts: JobFacts<'_>) -> Result<Decision, NotRun> {
+    async fn run_worker(
+        &self,
+        facts: JobFacts<'_>,
+        on_board: Arc<super::status::OnBoard>,
+    ) -> Result<Decision, NotRun> {
         let attempt = facts.attempt;
         let settings = &self.generation.settings;
         let job_settings = self.job_settings();
@@ -193,6 +198,9 @@ impl JobTask {
             timeout: job_settings.timeout,
             grace: job_settings.kill_grace,
             output_cap: settings.output_cap,
+            on_spawn: Some(process::SpawnHook(Arc::new(move |pid| {
+                on_board.started(pid)
+            }))),
         };
 
         tracing::info!(worker = %program.display(), attempt, "starting worker");

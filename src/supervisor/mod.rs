@@ -18,6 +18,7 @@ pub mod sandbox;
 pub mod schedule;
 pub mod settings;
 pub mod spool;
+pub mod status;
 pub mod worker_path;
 
 mod job;
@@ -80,13 +81,23 @@ pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>
 /// What the pools of one process share: the one thread workers are forked
 /// from (with the orphan reaper, which must know every pool's workers) and
 /// the job cgroups. Both are made by the first pool that runs.
-#[derive(Default)]
 pub struct Host {
     launcher: std::sync::Mutex<Option<Launcher>>,
     cgroups: std::sync::OnceLock<Result<Arc<cgroup::Cgroups>, String>>,
+    /// What every pool is doing, for `jobmgr status`.
+    pub status: status::StatusBoard,
 }
 
 impl Host {
+    /// The shared parts of a process taking jobs from `server`.
+    pub fn new(server: &str) -> Self {
+        Host {
+            launcher: std::sync::Mutex::default(),
+            cgroups: std::sync::OnceLock::new(),
+            status: status::StatusBoard::new(server),
+        }
+    }
+
     /// The launcher, started on first use (under the lock, so that there is
     /// only ever one orphan reaper).
     fn launcher(&self) -> Result<Launcher, SupervisorError> {
@@ -114,6 +125,7 @@ pub struct Supervisor {
 struct Shared {
     source: Arc<dyn JobSource>,
     launcher: Launcher,
+    board: status::PoolBoard,
     spool: Spool,
     courier: Notify,
     draining: AtomicBool,
@@ -208,7 +220,7 @@ impl Supervisor {
         Supervisor {
             settings: Arc::new(RwLock::new(Arc::new(settings))),
             generation: RwLock::new(None),
-            host: Arc::default(),
+            host: Arc::new(Host::new(&source.describe())),
             source,
             load,
             reload: None,
@@ -265,9 +277,16 @@ impl Supervisor {
         generation.describe();
         *self.generation.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(generation));
         let launcher = self.host.launcher()?;
+        let board = self.host.status.pool(
+            settings.pool.as_deref().unwrap_or("main"),
+            &settings.job_name,
+            settings.gate.max_load,
+            settings.gate.max_workers,
+        );
         let shared = Arc::new(Shared {
             source: Arc::clone(&self.source),
             launcher,
+            board: board.clone(),
             spool,
             courier: Notify::new(),
             draining: AtomicBool::new(false),
@@ -317,6 +336,7 @@ impl Supervisor {
                 break Exit::MaxIterations;
             }
             if quiet {
+                board.gate("quiet", gate.last_sample().map(|s| s.load1));
                 tokio::select! {
                     message = control.recv() => match message {
                         Some(Control::Drain) | Some(Control::StopNow) | None => break Exit::Drained,
@@ -346,14 +366,16 @@ impl Supervisor {
             gate.set_limits(settings.gate);
             let checked = gate.check(workers.len(), self.load.as_ref(), Instant::now());
             let sample = gate.last_sample();
+            let state = checked
+                .as_ref()
+                .map_or_else(|closed| closed.name(), |_| "open");
             crate::metrics::gate(
                 settings.pool.as_deref().unwrap_or("main"),
-                checked
-                    .as_ref()
-                    .map_or_else(|closed| closed.name(), |_| "open"),
+                state,
                 sample.map(|s| s.load1),
                 sample.map(|s| s.available_memory),
             );
+            board.gate(state, sample.map(|s| s.load1));
             let slots = match checked {
                 Ok(slots) => {
                     if let Some(reason) = last_closed.take() {
@@ -467,6 +489,7 @@ impl Supervisor {
         // and hand their jobs back.
         let drain_timeout = self.settings().drain_timeout;
         tracing::info!(running = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
+        board.gate("draining", gate.last_sample().map(|s| s.load1));
         let deadline = tokio::time::Instant::now() + drain_timeout;
         let mut control_open = true;
         while !workers.is_empty() {

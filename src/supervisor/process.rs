@@ -46,6 +46,18 @@ pub struct WorkerSpec {
     pub grace: Duration,
     /// Bytes kept of each of stdout and stderr.
     pub output_cap: usize,
+    /// Told the worker's pid once it is started.
+    pub on_spawn: Option<SpawnHook>,
+}
+
+/// Called with a worker's pid once it is started.
+#[derive(Clone)]
+pub struct SpawnHook(pub Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for SpawnHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpawnHook")
+    }
 }
 
 /// How the worker ended.
@@ -125,6 +137,9 @@ pub async fn run(
     let mut child = launcher.spawn(command).await?;
     drop(progress_write);
     let pid = child.id().unwrap_or(0);
+    if let Some(hook) = &spec.on_spawn {
+        (hook.0)(pid);
+    }
 
     let mut stdin = child.stdin.take();
     let payload = spec.stdin;

@@ -17,6 +17,7 @@ mod lifecycle;
 mod long_poll;
 mod metrics;
 mod openapi;
+mod operations;
 mod repeat;
 mod sandbox;
 mod supervisor;

@@ -1,0 +1,38 @@
+//! Talks to systemd when it started jobmgr as a `Type=notify` service:
+//! readiness once the ports are open, watchdog pings while the runtime is
+//! alive, and "stopping" when a drain begins. Outside systemd
+//! (`NOTIFY_SOCKET` unset) every call does nothing.
+
+use sd_notify::NotifyState;
+
+fn notify(states: &[NotifyState<'_>]) {
+    if let Err(error) = sd_notify::notify(states) {
+        tracing::warn!(%error, "cannot notify the service manager");
+    }
+}
+
+/// Tells systemd the service is ready, with a one-line status.
+pub fn ready(status: &str) {
+    notify(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// Tells systemd the service is stopping (a drain has begun).
+pub fn stopping(status: &str) {
+    notify(&[NotifyState::Stopping, NotifyState::Status(status)]);
+}
+
+/// When systemd asked for a watchdog (`WatchdogSec=`), pings it at half the
+/// interval from the async runtime, so that a runtime that stops making
+/// progress stops the pings and systemd restarts the service.
+pub fn keep_watchdog() {
+    let Some(interval) = sd_notify::watchdog_enabled() else {
+        return;
+    };
+    tracing::info!(?interval, "systemd watchdog enabled");
+    tokio::spawn(async move {
+        loop {
+            notify(&[NotifyState::Watchdog]);
+            tokio::time::sleep(interval / 2).await;
+        }
+    });
+}

@@ -1,0 +1,128 @@
+//! `jobmgr status`: what a running supervisor is doing now (each pool's
+//! gate, and each job it runs with its worker's pid and elapsed time), read
+//! from the status file the supervisor keeps.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::CliError;
+use crate::config::{self, HumanDuration, SupervisorOptions};
+use crate::protocol::Timestamp;
+use crate::supervisor::status::{self, Status};
+
+/// Options of `jobmgr status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The supervisor's configuration file, to find its status file the way it does.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Print the status as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The supervisor's options (`--status-file`, `--spool-dir`, `--db` locate the file).
+    #[command(flatten)]
+    pub options: SupervisorOptions,
+}
+
+/// Prints the status. Exit 3 when no supervisor is running there.
+pub fn run(args: StatusArgs) -> Result<(), CliError> {
+    let layers =
+        config::load_layers(args.config.as_deref()).map_err(|e| CliError::Usage(e.to_string()))?;
+    let options = args.options.clone().over(config::merge_layers(&layers));
+    let db = options
+        .db
+        .clone()
+        .unwrap_or_else(crate::server::default_db_path);
+    let state_dir = db
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let path = config::status_file(&options, &state_dir);
+    let status = status::read(&path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::NotFound => CliError::NotFound(format!(
+            "no supervisor status at {}: is jobmgr running? (give `jobmgr status` the supervisor's --config or --status-file)",
+            path.display()
+        )),
+        _ => CliError::Usage(format!("cannot read the status file {}: {error}", path.display())),
+    })?;
+    if !alive(status.pid) {
+        return Err(CliError::NotFound(format!(
+            "the supervisor that wrote {} (pid {}) is not running",
+            path.display(),
+            status.pid
+        )));
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&status).unwrap_or_default()
+        );
+    } else {
+        print!("{}", render(&status, Timestamp::now()));
+    }
+    Ok(())
+}
+
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+        || std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn since(then: i64, now: Timestamp) -> String {
+    let seconds = ((now.0 - then).max(0) / 1000) as u64;
+    HumanDuration(Duration::from_secs(seconds)).to_string()
+}
+
+/// The status as text: one line for the process, then per pool its gate and
+/// a table of its jobs.
+pub fn render(status: &Status, now: Timestamp) -> String {
+    let mut out = format!(
+        "jobmgr supervisor pid {}: up {}, server {}\n",
+        status.pid,
+        since(status.started, now),
+        status.server
+    );
+    for pool in &status.pools {
+        let load = pool
+            .load1
+            .map_or("unknown".to_string(), |l| format!("{l:.2}"));
+        out.push_str(&format!(
+            "pool {} ({}): gate {}, load {} of {:.2}, {} of {} workers\n",
+            pool.name,
+            pool.job_name,
+            pool.gate,
+            load,
+            pool.max_load,
+            pool.running.len(),
+            pool.max_workers
+        ));
+        if pool.running.is_empty() {
+            continue;
+        }
+        let width = pool
+            .running
+            .values()
+            .map(|j| j.name.len())
+            .max()
+            .unwrap_or(0)
+            .max(4);
+        out.push_str(&format!(
+            "  {:>8}  {:width$}  {:>8}  ELAPSED\n",
+            "JOB", "NAME", "PID"
+        ));
+        for (id, job) in &pool.running {
+            let pid = job.pid.map_or("-".to_string(), |p| p.to_string());
+            out.push_str(&format!(
+                "  {id:>8}  {:width$}  {pid:>8}  {}\n",
+                job.name,
+                since(job.since, now)
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,270 @@
+//! What this supervisor is doing now, for `jobmgr status`: each pool's gate
+//! state and the jobs it runs (id, name, worker pid, start time). Kept in
+//! memory and written to a status file (atomically, at most once a second,
+//! when something changed); removed when the supervisor exits.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::Timestamp;
+
+/// The status file's content.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// The supervisor's pid.
+    pub pid: u32,
+    /// When it started (ms since the epoch).
+    pub started: i64,
+    /// When this was written (ms since the epoch).
+    pub updated: i64,
+    /// The job server it takes jobs from.
+    pub server: String,
+    /// Its pools (one, "main", without `[[pool]]` tables).
+    pub pools: Vec<PoolStatus>,
+}
+
+/// One pool's state.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PoolStatus {
+    /// The pool's name.
+    pub name: String,
+    /// The job names it takes.
+    pub job_name: String,
+    /// Its gate: "open", or why it is closed ("load", "memory", "full",
+    /// "ramp", "unreadable"), or "draining"/"quiet".
+    pub gate: String,
+    /// The last 1-minute load average read.
+    pub load1: Option<f64>,
+    /// Its load limit.
+    pub max_load: f64,
+    /// Its concurrency cap.
+    pub max_workers: usize,
+    /// The jobs it runs, by id.
+    pub running: BTreeMap<i64, RunningJob>,
+}
+
+/// A job being run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunningJob {
+    /// The job's name.
+    pub name: String,
+    /// The worker's pid, once started.
+    pub pid: Option<u32>,
+    /// When the supervisor took it (ms since the epoch).
+    pub since: i64,
+}
+
+/// The status of the whole process, shared by its pools.
+#[derive(Debug, Clone)]
+pub struct StatusBoard {
+    inner: Arc<Mutex<Board>>,
+}
+
+#[derive(Debug)]
+struct Board {
+    status: Status,
+    dirty: bool,
+}
+
+/// One pool's part of the board.
+#[derive(Debug, Clone)]
+pub struct PoolBoard {
+    board: StatusBoard,
+    index: usize,
+}
+
+impl StatusBoard {
+    /// An empty board for this process.
+    pub fn new(server: &str) -> Self {
+        let now = Timestamp::now().0;
+        StatusBoard {
+            inner: Arc::new(Mutex::new(Board {
+                status: Status {
+                    pid: std::process::id(),
+                    started: now,
+                    updated: now,
+                    server: server.to_string(),
+                    pools: Vec::new(),
+                },
+                dirty: true,
+            })),
+        }
+    }
+
+    fn with<T>(&self, change: impl FnOnce(&mut Status) -> T) -> T {
+        let mut board = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        board.dirty = true;
+        change(&mut board.status)
+    }
+
+    /// Adds a pool (or finds the one of that name, after a reload).
+    pub fn pool(&self, name: &str, job_name: &str, max_load: f64, max_workers: usize) -> PoolBoard {
+        let index = self.with(|status| {
+            if let Some(i) = status.pools.iter().position(|p| p.name == name) {
+                return i;
+            }
+            status.pools.push(PoolStatus {
+                name: name.to_string(),
+                job_name: job_name.to_string(),
+                gate: "open".into(),
+                max_load,
+                max_workers,
+                ..PoolStatus::default()
+            });
+            status.pools.len() - 1
+        });
+        PoolBoard {
+            board: self.clone(),
+            index,
+        }
+    }
+
+    /// A copy of the status now.
+    pub fn snapshot(&self) -> Status {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .status
+            .clone()
+    }
+
+    /// Writes the status to `path` whenever it changed, at most once a
+    /// second, until the returned task is aborted.
+    pub fn keep_written(&self, path: PathBuf) -> tokio::task::JoinHandle<()> {
+        let board = self.clone();
+        tokio::spawn(async move {
+            let mut warned = false;
+            loop {
+                let changed = {
+                    let mut inner = board.inner.lock().unwrap_or_else(|e| e.into_inner());
+                    let dirty = std::mem::take(&mut inner.dirty);
+                    inner.status.updated = Timestamp::now().0;
+                    dirty.then(|| inner.status.clone())
+                };
+                if let Some(status) = changed {
+                    let target = path.clone();
+                    let written =
+                        tokio::task::spawn_blocking(move || write(&target, &status)).await;
+                    if let Ok(Err(error)) = written
+                        && !warned
+                    {
+                        tracing::warn!(path = %path.display(), %error, "cannot write the status file; `jobmgr status` will not see this supervisor");
+                        warned = true;
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    }
+}
+
+impl PoolBoard {
+    /// Records the gate's state and the last load read.
+    pub fn gate(&self, state: &str, load1: Option<f64>) {
+        let mut board = self.board.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = &mut board.status.pools[self.index];
+        if pool.gate != state || pool.load1 != load1 {
+            pool.gate = state.to_string();
+            pool.load1 = load1;
+            board.dirty = true;
+        }
+    }
+
+    /// Records a job taken; it stays on the board until the returned guard
+    /// is dropped.
+    pub fn running(&self, id: i64, name: &str) -> OnBoard {
+        self.board.with(|status| {
+            status.pools[self.index].running.insert(
+                id,
+                RunningJob {
+                    name: name.to_string(),
+                    pid: None,
+                    since: Timestamp::now().0,
+                },
+            )
+        });
+        OnBoard {
+            pool: self.clone(),
+            id,
+        }
+    }
+}
+
+/// A job on the board.
+#[derive(Debug)]
+pub struct OnBoard {
+    pool: PoolBoard,
+    id: i64,
+}
+
+impl OnBoard {
+    /// Records the worker's pid.
+    pub fn started(&self, pid: u32) {
+        self.pool.board.with(|status| {
+            if let Some(job) = status.pools[self.pool.index].running.get_mut(&self.id) {
+                job.pid = Some(pid);
+            }
+        });
+    }
+}
+
+impl Drop for OnBoard {
+    fn drop(&mut self) {
+        self.pool.board.with(|status| {
+            status.pools[self.pool.index].running.remove(&self.id);
+        });
+    }
+}
+
+/// Writes `status` to `path` atomically (a temporary file renamed over it).
+pub fn write(path: &Path, status: &Status) -> std::io::Result<()> {
+    let text = serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?;
+    let temporary = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&temporary, text)?;
+    std::fs::rename(&temporary, path)
+}
+
+/// Reads a status file.
+pub fn read(path: &Path) -> std::io::Result<Status> {
+    let text = std::fs::read(path)?;
+    serde_json::from_slice(&text)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_on_the_board_while_its_guard_lives() {
+        let board = StatusBoard::new("embedded");
+        let pool = board.pool("main", "*", 4.0, 8);
+        let on = pool.running(7, "www/Send");
+        on.started(1234);
+        let running = &board.snapshot().pools[0].running;
+        assert_eq!(running[&7].pid, Some(1234));
+        assert_eq!(running[&7].name, "www/Send");
+        drop(on);
+        assert!(board.snapshot().pools[0].running.is_empty());
+        // A reloaded pool keeps its place.
+        assert_eq!(board.pool("main", "*", 4.0, 8).index, 0);
+    }
+
+    #[test]
+    fn the_file_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status.json");
+        let board = StatusBoard::new("http://127.0.0.1:1");
+        let pool = board.pool("www", "www/*", 2.0, 4);
+        pool.gate("load", Some(3.5));
+        let _on = pool.running(1, "www/A");
+        write(&path, &board.snapshot()).unwrap();
+        assert_eq!(read(&path).unwrap(), board.snapshot());
+        std::fs::write(&path, "{").unwrap();
+        assert!(read(&path).is_err());
+    }
+}
