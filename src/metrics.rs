@@ -155,6 +155,10 @@ fn describe() {
         "Job server: GetJob requests waiting"
     );
     describe_gauge!("jobmgr_server_jobs", "Job server: jobs by state");
+    describe_counter!(
+        "jobmgr_server_requests_total",
+        "Job server: requests, by API, method (or Bedrock command) and route"
+    );
     describe_gauge!(
         "jobmgr_server_jobs_by_name",
         "Job server: jobs by name and state (the 200 most numerous names; the rest as _other)"
@@ -330,6 +334,19 @@ impl QueueGauges {
         }
         self.reported = series.into_keys().collect();
     }
+}
+
+/// Records a request to the job server: `api` is `http` or `bedrock`,
+/// `method` the HTTP method or the Bedrock command, `route` the matched
+/// route (empty for Bedrock).
+pub fn server_request(api: &'static str, method: &str, route: &str) {
+    counter!(
+        "jobmgr_server_requests_total",
+        "api" => api,
+        "method" => method.to_string(),
+        "route" => route.to_string()
+    )
+    .increment(1);
 }
 
 /// Records a commit's duration.

@@ -197,4 +197,36 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
         sample(&served, "jobmgr_server_commit_seconds_count", &[]).unwrap_or(0.0) >= 10.0,
         "{served}"
     );
+    assert!(
+        sample(
+            &served,
+            "jobmgr_server_requests_total",
+            &["api=\"http\"", "method=\"POST\"", "route=\"/dequeue\""]
+        )
+        .unwrap_or(0.0)
+            >= 7.0,
+        "every fetch is counted: {served}"
+    );
+    // A Bedrock request is counted by command, garbage as "unknown".
+    raw_exchange(&server.bedrock, b"QueryJob\r\njobID: 1\r\n\r\n");
+    raw_exchange(&server.bedrock, b"Bogus\r\n\r\n");
+    let served = scrape(&server.metrics);
+    assert_eq!(
+        sample(
+            &served,
+            "jobmgr_server_requests_total",
+            &["api=\"bedrock\"", "method=\"queryjob\""]
+        ),
+        Some(1.0),
+        "{served}"
+    );
+    assert_eq!(
+        sample(
+            &served,
+            "jobmgr_server_requests_total",
+            &["api=\"bedrock\"", "method=\"unknown\""]
+        ),
+        Some(1.0),
+        "{served}"
+    );
 }

@@ -291,7 +291,8 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
         "max\\-load",
         "worker\\-path",
         "JOBMGR SERVER",
-        "JOBMGR CHECK-CONFIG", "JOBMGR STATUS",
+        "JOBMGR CHECK-CONFIG",
+        "JOBMGR STATUS",
     ] {
         assert!(page.contains(option), "the man page has {option}");
     }

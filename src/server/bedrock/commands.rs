@@ -129,8 +129,27 @@ impl<'a> Params<'a> {
     }
 }
 
+/// The commands the port answers (lower-cased), for counting requests.
+const COMMANDS: [&str; 12] = [
+    "createjob",
+    "createjobs",
+    "getjob",
+    "getjobs",
+    "queryjob",
+    "updatejob",
+    "finishjob",
+    "retryjob",
+    "failjob",
+    "deletejob",
+    "canceljob",
+    "requeuejobs",
+];
+
 /// Runs one request and answers it; errors become their status lines.
 pub async fn run(queue: &Queue, request: &Request) -> Answer {
+    let method = request.method.to_ascii_lowercase();
+    let known = COMMANDS.iter().find(|c| **c == method).copied();
+    crate::metrics::server_request("bedrock", known.unwrap_or("unknown"), "");
     match dispatch(queue, request).await {
         Ok(answer) => answer,
         Err(error) => Answer::error(&error),

@@ -38,13 +38,24 @@ pub fn router(queue: Queue, token: Option<String>) -> Router {
         .route("/jobs/{id}/cancel", post(routes::cancel))
         .route("/jobs/{id}/heartbeat", post(routes::heartbeat))
         .route("/dequeue", post(routes::dequeue))
-        .route_layer(middleware::from_fn_with_state(token, require_token));
+        .route_layer(middleware::from_fn_with_state(token, require_token))
+        .route_layer(middleware::from_fn(count_request));
     Router::new()
         .route("/healthz", get(routes::health))
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(queue)
+}
+
+/// Counts each request by method and route (`jobmgr_server_requests_total`).
+async fn count_request(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "other".to_string(), |p| p.as_str().to_string());
+    crate::metrics::server_request("http", request.method().as_str(), &route);
+    next.run(request).await
 }
 
 async fn not_found() -> ApiError {

@@ -1,110 +1,16 @@
-//! Job server benchmark: create → dequeue → finish cycles per second over
-//! HTTP with durable commits (1 and 16 clients), dequeue latency with 10^3
-//! and 10^6 jobs queued, and the CPU cost of 1,000 idle waiting requests.
-//!
-//! `cargo bench --bench server` runs the full set and writes the report to
-//! `BENCHMARKS.md` (or the file named by `JOBMGR_BENCH_REPORT`).
-//! `JOBMGR_BENCH_SMOKE=1` runs a seconds-long version that only checks that
-//! everything still works; its figures mean nothing.
+//! The job server's measures: create → dequeue → finish cycles per second
+//! with durable commits (1 and 16 clients, over HTTP and over the Bedrock
+//! port), dequeue latency with 10^3 and 10^6 jobs queued, and the CPU cost
+//! of idle waiting requests.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// How big a run is.
-#[derive(Clone, Copy)]
-struct Scale {
-    /// Length of one throughput run.
-    cycle_run: Duration,
-    /// Throughput runs per client count.
-    repeats: usize,
-    /// Queue sizes for the dequeue-latency measure.
-    queued: [usize; 2],
-    /// Dequeues sampled per queue size.
-    latency_samples: usize,
-    /// Idle waiting requests.
-    waiters: usize,
-    /// How long the idle waiters are watched.
-    idle_watch: Duration,
-}
-
-const FULL: Scale = Scale {
-    cycle_run: Duration::from_secs(5),
-    repeats: 3,
-    queued: [1_000, 1_000_000],
-    latency_samples: 1_000,
-    waiters: 1_000,
-    idle_watch: Duration::from_secs(10),
-};
-
-const SMOKE: Scale = Scale {
-    cycle_run: Duration::from_millis(500),
-    repeats: 1,
-    queued: [100, 2_000],
-    latency_samples: 50,
-    waiters: 50,
-    idle_watch: Duration::from_millis(500),
-};
-
-/// A `jobmgr server` on a fresh file, killed when dropped.
-struct ServerProcess {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl ServerProcess {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_jobmgr"))
-            .args(["server", "--http", "127.0.0.1:0", "--db"])
-            .arg(dir.path().join("jobs.db"))
-            .env("JOBMGR_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn jobmgr server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("ready line");
-        let url = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("http="))
-            .expect("http= in the ready line")
-            .to_string();
-        ServerProcess {
-            child,
-            url,
-            _dir: dir,
-        }
-    }
-
-    /// CPU seconds (user + system) the server has used so far.
-    fn cpu_seconds(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("stat");
-        let after_name = &stat[stat.rfind(')').expect("comm") + 2..];
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .unwrap_or(100) as f64;
-        ticks / hz
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::Scale;
+use crate::common::{ServerProcess, percentile, spread};
 
 async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Value {
     let response = client.post(url).json(body).send().await.expect("request");
@@ -167,6 +73,84 @@ async fn cycles_per_second(base: &str, clients: usize, run: Duration) -> f64 {
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// One Bedrock exchange on a persistent connection: sends `request`, reads
+/// the status line, headers and `Content-Length` body; returns (status
+/// line, body).
+async fn bedrock_exchange(
+    stream: &mut tokio::io::BufStream<tokio::net::TcpStream>,
+    request: &str,
+) -> (String, String) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    stream.write_all(request.as_bytes()).await.expect("send");
+    stream.flush().await.expect("flush");
+    let mut status = String::new();
+    stream.read_line(&mut status).await.expect("status line");
+    let mut length = 0;
+    loop {
+        let mut header = String::new();
+        stream.read_line(&mut header).await.expect("header");
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().expect("length");
+        }
+    }
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.expect("body");
+    (
+        status.trim_end().to_string(),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// One Bedrock client's loop: CreateJob, GetJob, FinishJob, until `stop`.
+async fn bedrock_cycle_client(addr: String, name: String, stop: Instant, done: Arc<AtomicU64>) {
+    let stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let mut stream = tokio::io::BufStream::new(stream);
+    let create = format!("CreateJob\r\nname: {name}\r\ndata: {{\"n\":1}}\r\n\r\n");
+    let get = format!("GetJob\r\nname: {name}\r\n\r\n");
+    while Instant::now() < stop {
+        let (status, _) = bedrock_exchange(&mut stream, &create).await;
+        assert!(status.starts_with("200"), "CreateJob: {status}");
+        let (status, body) = bedrock_exchange(&mut stream, &get).await;
+        assert!(status.starts_with("200"), "GetJob: {status}");
+        let job: Value = serde_json::from_str(&body).expect("job json");
+        let id = job["jobID"].as_i64().expect("jobID");
+        let (status, _) =
+            bedrock_exchange(&mut stream, &format!("FinishJob\r\njobID: {id}\r\n\r\n")).await;
+        assert!(status.starts_with("200"), "FinishJob: {status}");
+        done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Bedrock cycles per second with `clients` concurrent connections.
+async fn bedrock_cycles_per_second(addr: &str, clients: usize, run: Duration) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let stop = start + run;
+    let tasks: Vec<_> = (0..clients)
+        .map(|i| {
+            tokio::spawn(bedrock_cycle_client(
+                addr.to_string(),
+                format!("bench/b{i}"),
+                stop,
+                done.clone(),
+            ))
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("client");
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
 /// Fills the queue with `count` due jobs, in batches.
 async fn fill(client: &reqwest::Client, base: &str, count: usize) {
     let mut left = count;
@@ -203,82 +187,30 @@ async fn dequeue_latencies(client: &reqwest::Client, base: &str, samples: usize)
     out
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn median_and_spread(mut values: Vec<f64>) -> (f64, f64, f64) {
-    values.sort_by(f64::total_cmp);
-    (
-        percentile(&values, 0.5),
-        values[0],
-        values[values.len() - 1],
-    )
-}
-
-fn machine() -> String {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    format!("{cores} cores, Linux {}, {cpu}", kernel.trim())
-}
-
-fn main() {
-    // `cargo bench` passes `--bench`; anything else (like `cargo test`) does not.
-    if !std::env::args().any(|a| a == "--bench") {
-        return;
-    }
-    let smoke = std::env::var_os("JOBMGR_BENCH_SMOKE").is_some();
-    let scale = if smoke { SMOKE } else { FULL };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let report = runtime.block_on(run(scale));
-    if smoke {
-        println!("{report}\n(smoke run: figures not recorded)");
-        return;
-    }
-    let path = std::env::var("JOBMGR_BENCH_REPORT").unwrap_or_else(|_| "BENCHMARKS.md".into());
-    std::fs::write(&path, &report).expect("write report");
-    println!("{report}\nwritten to {path}");
-}
-
-async fn run(scale: Scale) -> String {
+/// The report's server sections.
+pub async fn report(scale: Scale) -> String {
     let mut out = String::new();
-    out.push_str("# Benchmarks\n\n");
-    out.push_str(&format!("- Machine: {}\n", machine()));
-    out.push_str("- Command: `cargo bench --bench server`\n");
-    out.push_str("- Server: the release `jobmgr server` binary on a fresh SQLite file in a temporary directory (WAL, synchronous=FULL: every answered write is on disk).\n");
-    out.push_str("- Clients: reqwest on the same machine, over 127.0.0.1; client and server share the 2 cores.\n\n");
 
     // 1. Throughput.
-    out.push_str("## Server throughput: create → dequeue → finish over HTTP\n\n");
+    out.push_str("## Server throughput: create → dequeue → finish\n\n");
     out.push_str(&format!(
-        "Each client loops: CreateJob, dequeue it (with a lease), FinishJob with the lease token. Three durable commits per cycle. {} runs of {:?} each; median (min–max).\n\n",
+        "Each client loops on its own job name: CreateJob, take it (HTTP: `/dequeue` with a lease; Bedrock: GetJob), FinishJob (HTTP: with the lease token). Three durable commits per cycle. Each client has one persistent connection. {} runs of {:?} each on a fresh server; median (min–max).\n\n",
         scale.repeats, scale.cycle_run
     ));
-    out.push_str("| clients | cycles/s | commits/s |\n| --- | --- | --- |\n");
+    out.push_str("| clients | HTTP cycles/s | Bedrock cycles/s |\n| --- | --- | --- |\n");
     for clients in [1, 16] {
-        let mut runs = Vec::new();
+        let (mut http, mut bedrock) = (Vec::new(), Vec::new());
         for _ in 0..scale.repeats {
             let server = ServerProcess::start();
-            runs.push(cycles_per_second(&server.url, clients, scale.cycle_run).await);
+            http.push(cycles_per_second(&server.url, clients, scale.cycle_run).await);
+            let server = ServerProcess::start();
+            bedrock
+                .push(bedrock_cycles_per_second(&server.bedrock, clients, scale.cycle_run).await);
         }
-        let (median, min, max) = median_and_spread(runs);
         out.push_str(&format!(
-            "| {clients} | {median:.0} ({min:.0}–{max:.0}) | {:.0} |\n",
-            median * 3.0
+            "| {clients} | {} | {} |\n",
+            spread(http, 0),
+            spread(bedrock, 0)
         ));
     }
 

@@ -1,0 +1,402 @@
+//! The supervisor's measures: dispatch latency (CreateJob acknowledged →
+//! the worker's first instruction), end-to-end throughput of no-op jobs next
+//! to the machine's raw fork/exec/wait rate, and the supervisor's footprint
+//! (idle CPU and requests, RSS idle, with 100 workers, and over 100,000
+//! jobs).
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::Scale;
+use crate::common::*;
+
+/// The shell worker: appends its job id to the marks file.
+const SH_WORKER: &str = "#!/bin/sh\necho \"$JOBMGR_JOB_ID 0\" >> \"$BENCH_MARKS\"\n";
+
+/// A worker that says it started, then waits for the release file.
+const HOLD_WORKER: &str = "#!/bin/sh\necho \"$JOBMGR_JOB_ID 0\" >> \"$BENCH_MARKS\"\n\
+     while [ ! -e \"$BENCH_RELEASE\" ]; do sleep 0.2; done\n";
+
+/// The lines workers append to one file: `<job id> <monotonic ns>`.
+struct Marks {
+    path: PathBuf,
+    read: u64,
+    partial: String,
+    lines: Vec<(i64, i64)>,
+}
+
+impl Marks {
+    fn new(path: PathBuf) -> Self {
+        std::fs::write(&path, "").expect("marks file");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        Marks {
+            path,
+            read: 0,
+            partial: String::new(),
+            lines: Vec::new(),
+        }
+    }
+
+    /// Reads what was appended since the last call.
+    fn refresh(&mut self) {
+        let mut file = std::fs::File::open(&self.path).expect("marks");
+        file.seek(SeekFrom::Start(self.read)).expect("seek");
+        let mut text = String::new();
+        self.read += file.read_to_string(&mut text).expect("read marks") as u64;
+        self.partial.push_str(&text);
+        while let Some(end) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=end).collect();
+            let mut words = line.split_whitespace();
+            let id = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+            let at = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+            self.lines.push((id, at));
+        }
+    }
+
+    /// Waits for job `id`'s line; returns its timestamp.
+    fn wait_for(&mut self, id: i64) -> i64 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            self.refresh();
+            if let Some((_, at)) = self.lines.iter().rev().find(|(i, _)| *i == id) {
+                return *at;
+            }
+            assert!(Instant::now() < deadline, "job {id} never ran");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Waits until there are `count` lines.
+    fn wait_count(&mut self, count: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            self.refresh();
+            if self.lines.len() >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {count} jobs ran",
+                self.lines.len()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A worker directory with `Noop` (compiled), `Sh` and `Hold`.
+struct Workers {
+    dir: tempfile::TempDir,
+    compiled: bool,
+}
+
+impl Workers {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let compiled = compile_noop_worker(dir.path(), "Noop").is_some();
+        for (name, script) in [("Sh", SH_WORKER), ("Hold", HOLD_WORKER)] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, script).expect("worker");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        Workers { dir, compiled }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn env_args(marks: &Path, extra: &[String]) -> Vec<String> {
+    let mut args = vec![
+        "--env".to_string(),
+        format!("BENCH_MARKS={}", marks.display()),
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+fn create_batch(client: &reqwest::blocking::Client, base: &str, name: &str, count: usize) {
+    let mut left = count;
+    while left > 0 {
+        let n = left.min(5_000);
+        let jobs: Vec<Value> = (0..n).map(|_| json!({ "name": name })).collect();
+        post(
+            client,
+            &format!("{base}/jobs/batch"),
+            &json!({ "jobs": jobs }),
+        );
+        left -= n;
+    }
+}
+
+/// Dispatch latencies in ms (sorted) of `samples` jobs created one after
+/// another at `base`, each measured from its acknowledgement to the
+/// worker's first instruction.
+fn dispatch_latencies(base: &str, marks: &mut Marks, samples: usize) -> Vec<f64> {
+    let client = reqwest::blocking::Client::new();
+    let mut out = Vec::with_capacity(samples);
+    for i in 0..samples + 20 {
+        let created = post(
+            &client,
+            &format!("{base}/jobs"),
+            &json!({"name": "bench/Noop"}),
+        );
+        let acknowledged = monotonic_ns();
+        let id = created["jobID"].as_i64().expect("jobID");
+        let started = marks.wait_for(id);
+        // The first 20 warm the caches and the connection.
+        if i >= 20 {
+            out.push((started - acknowledged) as f64 / 1e6);
+        }
+    }
+    out.sort_by(f64::total_cmp);
+    out
+}
+
+/// The machine's raw fork/exec/wait rate for `worker`, `concurrency`
+/// threads at once, `count` in all.
+fn raw_spawn_rate(worker: &Path, concurrency: usize, count: usize, scratch: &Path) -> f64 {
+    let marks = scratch.join("raw-marks");
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..concurrency {
+            let marks = &marks;
+            scope.spawn(move || {
+                for _ in 0..count / concurrency {
+                    let status = Command::new(worker)
+                        .env_clear()
+                        .env("BENCH_MARKS", marks)
+                        .env("JOBMGR_JOB_ID", "0")
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .expect("spawn");
+                    assert!(status.success());
+                }
+            });
+        }
+    });
+    let rate = (count / concurrency * concurrency) as f64 / start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&marks);
+    rate
+}
+
+/// Jobs per second: `count` no-op jobs queued first, then a supervisor with
+/// `concurrency` slots started and timed until the last one ran.
+fn throughput(workers: &Workers, name: &str, concurrency: usize, count: usize) -> f64 {
+    let server = ServerProcess::start();
+    let client = reqwest::blocking::Client::new();
+    create_batch(&client, &server.url, &format!("bench/{name}"), count);
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let mut marks = Marks::new(scratch.path().join("marks"));
+    let start = Instant::now();
+    let _supervisor = SupervisorProcess::start(SupervisorSpec {
+        server: Some(&server.url),
+        workers: workers.path(),
+        max_workers: concurrency,
+        args: env_args(&marks.path, &[]),
+    });
+    marks.wait_count(count, Duration::from_secs(600));
+    count as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The report's supervisor sections.
+pub fn report(scale: Scale) -> String {
+    let mut out = String::new();
+    let workers = Workers::new();
+    if !workers.compiled {
+        out.push_str("\n**No C compiler (`cc`): the compiled-worker measures are skipped.**\n");
+        return out;
+    }
+
+    // 1. Dispatch latency.
+    out.push_str(
+        "\n## Dispatch latency: CreateJob acknowledged → the worker's first instruction\n\n",
+    );
+    out.push_str(&format!(
+        "A compiled no-op worker reads CLOCK_MONOTONIC as its first instruction and appends it to a file; the client reads the same clock when CreateJob's answer arrives. Jobs are created one after another (the next once the last one ran), the supervisor waiting in its long-poll each time. {} runs of {} samples (after 20 warm-up jobs); median (min–max) over the runs. A negative sample means the worker started before the client had read the answer.\n\n",
+        scale.repeats, scale.dispatch_samples
+    ));
+    out.push_str("| server | p50 ms | p95 ms | p99 ms |\n| --- | --- | --- | --- |\n");
+    for embedded in [false, true] {
+        let (mut p50, mut p95, mut p99) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..scale.repeats {
+            let server = (!embedded).then(ServerProcess::start);
+            let scratch = tempfile::tempdir().expect("temp dir");
+            let mut marks = Marks::new(scratch.path().join("marks"));
+            let supervisor = SupervisorProcess::start(SupervisorSpec {
+                server: server.as_ref().map(|s| s.url.as_str()),
+                workers: workers.path(),
+                max_workers: 8,
+                args: env_args(&marks.path, &[]),
+            });
+            let base = match &server {
+                Some(server) => server.url.clone(),
+                None => field(&supervisor.ready, "http"),
+            };
+            let latencies = dispatch_latencies(&base, &mut marks, scale.dispatch_samples);
+            p50.push(percentile(&latencies, 0.5));
+            p95.push(percentile(&latencies, 0.95));
+            p99.push(percentile(&latencies, 0.99));
+        }
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            if embedded {
+                "embedded (in-process fetch; CreateJob over HTTP)"
+            } else {
+                "`jobmgr server` over HTTP"
+            },
+            spread(p50, 2),
+            spread(p95, 2),
+            spread(p99, 2)
+        ));
+    }
+
+    // 2. End-to-end throughput against the raw spawn rate.
+    out.push_str("\n## End-to-end throughput of no-op jobs, against the raw spawn rate\n\n");
+    out.push_str(&format!(
+        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob. The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. {} runs each; median (min–max).\n\n",
+        scale.throughput_jobs, scale.throughput_jobs, scale.repeats
+    ));
+    out.push_str(
+        "| worker | N | jobs/s | raw spawns/s | ratio |\n| --- | --- | --- | --- | --- |\n",
+    );
+    let scratch = tempfile::tempdir().expect("temp dir");
+    for (name, label) in [("Noop", "compiled (C, static)"), ("Sh", "`/bin/sh` script")] {
+        let program = workers.path().join(name);
+        for concurrency in [1, 2, 8] {
+            let (mut jobs, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..scale.repeats {
+                let rate = throughput(&workers, name, concurrency, scale.throughput_jobs);
+                let limit =
+                    raw_spawn_rate(&program, concurrency, scale.throughput_jobs, scratch.path());
+                jobs.push(rate);
+                raw.push(limit);
+                ratios.push(rate / limit * 100.0);
+            }
+            out.push_str(&format!(
+                "| {label} | {concurrency} | {} | {} | {} % |\n",
+                spread(jobs, 0),
+                spread(raw, 0),
+                spread(ratios, 0)
+            ));
+        }
+    }
+
+    // 3. Footprint.
+    out.push_str("\n## Supervisor footprint\n\n");
+    out.push_str(&format!(
+        "Idle: a supervisor (default `--poll-wait 30s`) against a `jobmgr server` with nothing to do, watched for {:?} after a 2 s settle; requests are the server's own count (`jobmgr_server_requests_total`). {} runs; median (min–max).\n\n",
+        scale.idle_watch, scale.repeats
+    ));
+    let (mut cpu, mut requests, mut idle_rss, mut busy_rss) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..scale.repeats {
+        let server = ServerProcess::start();
+        let scratch = tempfile::tempdir().expect("temp dir");
+        let marks = Marks::new(scratch.path().join("marks"));
+        let supervisor = SupervisorProcess::start(SupervisorSpec {
+            server: Some(&server.url),
+            workers: workers.path(),
+            max_workers: 100,
+            args: env_args(
+                &marks.path,
+                &[
+                    "--env".into(),
+                    format!("BENCH_RELEASE={}", scratch.path().join("release").display()),
+                ],
+            ),
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let count = || {
+            let text = reqwest::blocking::get(format!("http://{}/metrics", server.metrics))
+                .expect("scrape")
+                .text()
+                .expect("text");
+            sample(
+                &text,
+                "jobmgr_server_requests_total",
+                &["route=\"/dequeue\""],
+            )
+            .unwrap_or(0.0)
+        };
+        let (cpu_before, requests_before) = (supervisor.cpu_seconds(), count());
+        std::thread::sleep(scale.idle_watch);
+        cpu.push((supervisor.cpu_seconds() - cpu_before) / scale.idle_watch.as_secs_f64() * 100.0);
+        requests.push(count() - requests_before);
+        idle_rss.push(supervisor.rss() as f64 / 1048576.0);
+
+        // 100 workers at once.
+        let client = reqwest::blocking::Client::new();
+        create_batch(&client, &server.url, "bench/Hold", 100);
+        let mut marks = marks;
+        marks.wait_count(100, Duration::from_secs(120));
+        busy_rss.push(supervisor.rss() as f64 / 1048576.0);
+        std::fs::write(scratch.path().join("release"), "").expect("release");
+    }
+    out.push_str("| measure | value |\n| --- | --- |\n");
+    out.push_str(&format!(
+        "| idle CPU (% of one core) | {} |\n",
+        spread(cpu, 3)
+    ));
+    out.push_str(&format!(
+        "| idle requests in {:?} | {} |\n",
+        scale.idle_watch,
+        spread(requests, 0)
+    ));
+    out.push_str(&format!("| RSS idle (MiB) | {} |\n", spread(idle_rss, 1)));
+    out.push_str(&format!(
+        "| RSS with 100 workers running (MiB) | {} |\n",
+        spread(busy_rss, 1)
+    ));
+
+    // RSS over many jobs.
+    let rounds = scale.rss_rounds;
+    let per_round = scale.rss_jobs / rounds;
+    out.push_str(&format!(
+        "\nRSS over {} compiled no-op jobs (`--max-workers 8`), read after each {} (one run: the series is the measure):\n\n",
+        scale.rss_jobs, per_round
+    ));
+    let server = ServerProcess::start();
+    let client = reqwest::blocking::Client::new();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let mut marks = Marks::new(scratch.path().join("marks"));
+    let supervisor = SupervisorProcess::start(SupervisorSpec {
+        server: Some(&server.url),
+        workers: workers.path(),
+        max_workers: 8,
+        args: env_args(&marks.path, &[]),
+    });
+    let mut series = vec![supervisor.rss() as f64 / 1048576.0];
+    let start = Instant::now();
+    for round in 1..=rounds {
+        create_batch(&client, &server.url, "bench/Noop", per_round);
+        marks.wait_count(round * per_round, Duration::from_secs(600));
+        series.push(supervisor.rss() as f64 / 1048576.0);
+    }
+    let elapsed = start.elapsed();
+    out.push_str("| jobs run | RSS MiB |\n| --- | --- |\n");
+    for (i, rss) in series.iter().enumerate() {
+        out.push_str(&format!("| {} | {rss:.1} |\n", i * per_round));
+    }
+    let after_first = series[1];
+    let last = series[series.len() - 1];
+    out.push_str(&format!(
+        "\nGrowth from the first {per_round} jobs to the last reading: {:+.1} MiB ({:+.1} %). {} jobs in {:.0} s ({:.0} jobs/s).\n",
+        last - after_first,
+        (last - after_first) / after_first * 100.0,
+        scale.rss_jobs,
+        elapsed.as_secs_f64(),
+        scale.rss_jobs as f64 / elapsed.as_secs_f64()
+    ));
+    out
+}
