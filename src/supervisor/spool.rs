@@ -28,10 +28,12 @@ pub struct Spooled {
     pub report: Report,
 }
 
-/// The spool directory.
+/// The spool directory, held under an exclusive lock (`.lock` in it) so
+/// that two supervisors never share one.
 #[derive(Debug, Clone)]
 pub struct Spool {
     dir: PathBuf,
+    _lock: std::sync::Arc<nix::fcntl::Flock<std::fs::File>>,
 }
 
 impl Spool {
@@ -47,8 +49,26 @@ impl Spool {
                     format!("cannot create the report spool {}: {e}", dir.display()),
                 )
             })?;
+        let lock_path = dir.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)?;
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, errno)| {
+                std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!(
+                        "the report spool {} is in use by another supervisor ({errno}); give each supervisor its own --spool-dir",
+                        dir.display()
+                    ),
+                )
+            })?;
         Ok(Spool {
             dir: dir.to_path_buf(),
+            _lock: std::sync::Arc::new(lock),
         })
     }
 
@@ -140,7 +160,15 @@ mod tests {
             },
         };
         let path = spool.put(&report).unwrap();
-        let reopened = Spool::open(spool.dir()).unwrap();
+        let dir = spool.dir().to_path_buf();
+        let held = Spool::open(&dir).unwrap_err();
+        assert!(
+            held.to_string().contains("in use by another supervisor"),
+            "{held}"
+        );
+        drop(spool);
+        let reopened = Spool::open(&dir).unwrap();
+        let spool = &reopened;
         assert_eq!(reopened.pending().unwrap(), vec![(path.clone(), report)]);
         reopened.remove(&path);
         assert!(reopened.pending().unwrap().is_empty());

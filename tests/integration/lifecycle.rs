@@ -353,3 +353,42 @@ fn a_bad_job_table_is_refused_with_its_name() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_second_supervisor_on_the_same_spool_is_refused() {
+    let server = Server::start();
+    let first = Supervisor::builder(&server.url)
+        .worker("Echo", ECHO_DATA)
+        .start();
+    let empty = first.dir.path().join("second.toml");
+    std::fs::write(&empty, "").unwrap();
+    let output = std::process::Command::new(bin())
+        .arg("--config")
+        .arg(&empty)
+        .args(["--server", &server.url, "--worker-path"])
+        .arg(first.workers())
+        .arg("--spool-dir")
+        .arg(first.spool())
+        .arg("--scratch-dir")
+        .arg(first.dir.path().join("scratch2"))
+        .arg("--status-file")
+        .arg(first.dir.path().join("status2.json"))
+        .args(["--user", "self"])
+        .env_remove("JOBMGR_SPOOL_DIR")
+        .output()
+        .expect("run a second supervisor");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("in use by another supervisor") && stderr.contains("--spool-dir"),
+        "{stderr}"
+    );
+    // The first one is unharmed.
+    let api = server.api();
+    let _ = api;
+    assert!(
+        first.stderr().contains("supervisor started"),
+        "{}",
+        first.stderr()
+    );
+}
