@@ -364,6 +364,11 @@ impl Supervisor {
                 continue;
             }
             gate.set_limits(settings.gate);
+            board.limits(
+                &settings.job_name,
+                settings.gate.max_load,
+                settings.gate.max_workers,
+            );
             let checked = gate.check(workers.len(), self.load.as_ref(), Instant::now());
             let sample = gate.last_sample();
             let state = checked

@@ -174,6 +174,19 @@ impl PoolBoard {
         }
     }
 
+    /// Records the pool's limits (they change on reload).
+    pub fn limits(&self, job_name: &str, max_load: f64, max_workers: usize) {
+        let mut board = self.board.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let pool = &mut board.status.pools[self.index];
+        if pool.job_name != job_name || pool.max_load != max_load || pool.max_workers != max_workers
+        {
+            pool.job_name = job_name.to_string();
+            pool.max_load = max_load;
+            pool.max_workers = max_workers;
+            board.dirty = true;
+        }
+    }
+
     /// Records a job taken; it stays on the board until the returned guard
     /// is dropped.
     pub fn running(&self, id: i64, name: &str) -> OnBoard {
