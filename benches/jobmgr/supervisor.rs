@@ -282,7 +282,7 @@ pub fn report(scale: Scale) -> String {
         scale.throughput_jobs, scale.throughput_jobs, scale.repeats
     ));
     out.push_str(
-        "| worker | N | jobs/s | raw spawns/s | ratio |\n| --- | --- | --- | --- | --- |\n",
+        "| worker | N | jobs/s | raw spawns/s | ratio | supervisor CPU ms/job | server CPU ms/job |\n| --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let scratch = tempfile::tempdir().expect("temp dir");
     // (jobs/s, raw spawns/s at N = 1, supervisor ms, server ms) of the

@@ -39,6 +39,16 @@ pub enum StoreOpenError {
         /// Why.
         source: std::io::Error,
     },
+    /// The store file could not be created.
+    #[error(
+        "cannot create the job store {path}: {source}; check the directory's owner and mode or pass another --db"
+    )]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The writer thread could not be started.
     #[error("cannot start the job store's writer thread: {0}")]
     Thread(std::io::Error),
@@ -72,6 +82,10 @@ impl SqliteStore {
                 source,
             })?;
         }
+        create_private(path).map_err(|source| StoreOpenError::File {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(5))?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
@@ -165,6 +179,23 @@ impl Store for SqliteStore {
                 pool.push(conn);
             }
         });
+    }
+}
+
+/// Creates a new store file readable by its owner only (SQLite gives its WAL
+/// and shared-memory files the same mode), so that workers running under
+/// another user cannot read the jobs' data. An existing file is left as it is.
+fn create_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -642,6 +673,25 @@ mod tests {
             Err(other) => panic!("unexpected error {other}"),
             Ok(_) => panic!("a newer schema was accepted"),
         }
+    }
+
+    #[test]
+    fn a_new_store_and_its_wal_are_readable_by_the_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let store = SqliteStore::open(&path).unwrap();
+        let wal = dir.path().join("jobs.db-wal");
+        for file in [&path, &wal] {
+            let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{} has mode {mode:o}", file.display());
+        }
+        drop(store);
+        // An existing file keeps the mode its owner gave it.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        drop(SqliteStore::open(&path).unwrap());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
     }
 
     #[test]

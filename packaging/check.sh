@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Builds the deb and rpm packages and checks them as an operator would meet
+# them: metadata and contents, the maintainer scripts, `systemd-analyze
+# verify` on every unit, and the .deb installed, upgraded, removed and
+# purged in a throwaway Debian root (debootstrap), with `jobmgr --version`
+# and `jobmgr check-config` run inside it; then that root booted with
+# systemd-nspawn, where packaging/boot-test.sh drives the units for real.
+# Run as root: `bash packaging/check.sh`.
+# Needs cargo-deb, cargo-generate-rpm, rpm, debootstrap and systemd-container.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=target/packaging
+step() { printf '\n--> %s\n' "$*"; }
+fail() {
+    echo "packaging check failed: $*" >&2
+    exit 1
+}
+[ "$(id -u)" = 0 ] || fail "run it as root: it installs the package into a chroot"
+
+bash packaging/build.sh
+deb=$(ls "$out"/jobmgr_*.deb)
+rpm=$(ls "$out"/jobmgr-*.rpm)
+version=$(dpkg-deb -f "$deb" Version)
+
+tmp=$(mktemp -d)
+root="$tmp/root"
+cleanup() {
+    for m in proc; do
+        if mountpoint -q "$root/$m" 2>/dev/null; then umount "$root/$m"; fi
+    done
+    rm -rf --one-file-system "$tmp"
+}
+trap cleanup EXIT
+
+# What both packages must install.
+files="/usr/bin/jobmgr /etc/jobmgr/jobmgr.toml
+/usr/share/bash-completion/completions/jobmgr /usr/share/fish/vendor_completions.d/jobmgr.fish
+/usr/share/man/man1/jobmgr.1.gz /usr/share/doc/jobmgr/examples/pool.toml"
+units="jobmgr.service jobmgr@.service jobmgr-server.service"
+
+step "deb: metadata"
+dpkg-deb -I "$deb"
+for field in Package Version Architecture Maintainer Depends Section Description; do
+    [ -n "$(dpkg-deb -f "$deb" "$field")" ] || fail "the deb has no $field"
+done
+dpkg-deb -f "$deb" Depends | grep -q passwd || fail "the deb does not depend on passwd (useradd)"
+dpkg-deb -f "$deb" Depends | grep -q procps || fail "the deb does not depend on procps (/bin/kill)"
+dpkg-deb -I "$deb" conffiles | grep -qx /etc/jobmgr/jobmgr.toml ||
+    fail "/etc/jobmgr/jobmgr.toml is not a conffile of the deb"
+
+step "deb: contents"
+dpkg-deb -c "$deb"
+deb_paths=$(dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\.||')
+for path in $files /usr/share/zsh/vendor-completions/_jobmgr; do
+    grep -qx "$path" <<<"$deb_paths" || fail "the deb lacks $path"
+done
+for unit in $units; do
+    grep -qx "/lib/systemd/system/$unit" <<<"$deb_paths" || fail "the deb lacks the unit $unit"
+done
+
+step "rpm: metadata"
+rpm -qip "$rpm"
+for tag in NAME VERSION ARCH LICENSE SUMMARY; do
+    [ -n "$(rpm -qp --queryformat "%{$tag}" "$rpm")" ] || fail "the rpm has no $tag"
+done
+rpm -qp --configfiles "$rpm" | grep -qx /etc/jobmgr/jobmgr.toml ||
+    fail "/etc/jobmgr/jobmgr.toml is not a config file of the rpm"
+rpm -qp --queryformat '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$rpm" |
+    grep -q '^cn /etc/jobmgr/jobmgr.toml$' ||
+    fail "the rpm's config file is not %config(noreplace)"
+
+step "rpm: contents"
+rpm -qlp "$rpm"
+rpm_paths=$(rpm -qlp "$rpm")
+for path in $files /usr/share/zsh/site-functions/_jobmgr; do
+    grep -qx "$path" <<<"$rpm_paths" || fail "the rpm lacks $path"
+done
+for unit in $units; do
+    grep -qx "/usr/lib/systemd/system/$unit" <<<"$rpm_paths" || fail "the rpm lacks the unit $unit"
+done
+
+step "maintainer scripts: sh -n"
+dpkg-deb -e "$deb" "$tmp/control"
+for script in postinst prerm postrm; do
+    [ -x "$tmp/control/$script" ] || fail "the deb has no executable $script"
+    sh -n "$tmp/control/$script"
+    echo "deb $script: ok"
+done
+for tag in PREIN POSTIN PREUN POSTUN; do
+    rpm -qp --queryformat "%{$tag}" "$rpm" >"$tmp/$tag.sh"
+    [ -s "$tmp/$tag.sh" ] || fail "the rpm has no $tag scriptlet"
+    sh -n "$tmp/$tag.sh"
+    echo "rpm $tag: ok"
+done
+
+step "a throwaway Debian root"
+# A pristine root is kept in target/ so that reruns skip the download.
+base="$out/bookworm-root"
+if [ ! -x "$base/usr/bin/systemd-analyze" ] || [ ! -x "$base/bin/kill" ]; then
+    rm -rf --one-file-system "$base"
+    debootstrap --variant=minbase --include=systemd,man-db,procps bookworm "$base.new" \
+        "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$out/debootstrap.log" 2>&1 ||
+        { tail -20 "$out/debootstrap.log"; fail "debootstrap failed"; }
+    mv "$base.new" "$base"
+fi
+cp -a "$base" "$root"
+mount -t proc proc "$root/proc"
+in_root() { chroot "$root" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+
+# systemd is not running in a chroot; the maintainer scripts see it as
+# running (/run/systemd/system) and their systemctl calls are recorded.
+mkdir -p "$root/run/systemd/system"
+cat >"$root/usr/local/bin/systemctl" <<'SH'
+#!/bin/sh
+echo "$*" >>/var/log/systemctl.calls
+SH
+chmod 755 "$root/usr/local/bin/systemctl"
+calls() { cat "$root/var/log/systemctl.calls" 2>/dev/null; : >"$root/var/log/systemctl.calls"; }
+
+step "install"
+cp "$deb" "$root/tmp/jobmgr.deb"
+in_root dpkg -i /tmp/jobmgr.deb
+in_root jobmgr --version | tee "$tmp/version"
+grep -q "${version%%-*}" "$tmp/version" || fail "jobmgr --version does not say $version"
+in_root jobmgr check-config | tee "$tmp/check-config"
+grep -q '^worker-path = "/srv/jobmgr/workers" *# file /etc/jobmgr/jobmgr.toml' "$tmp/check-config" ||
+    fail "check-config does not read /etc/jobmgr/jobmgr.toml"
+in_root getent passwd jobmgr || fail "the jobmgr user was not created"
+in_root getent group jobmgr || fail "the jobmgr group was not created"
+[ "$(stat -c %a "$root/var/lib/jobmgr")" = 711 ] || fail "/var/lib/jobmgr is not mode 0711"
+[ -d "$root/etc/jobmgr/conf.d" ] || fail "/etc/jobmgr/conf.d was not made"
+[ -d "$root/etc/jobmgr/pools" ] || fail "/etc/jobmgr/pools was not made"
+made=$(calls)
+echo "systemctl: $made"
+grep -qx daemon-reload <<<"$made" || fail "install did not reload systemd"
+if grep -Eq 'start|enable' <<<"$made"; then fail "install started or enabled a service: $made"; fi
+
+step "systemd-analyze verify"
+rm -rf "$root/run/systemd/system"
+mv "$root/usr/local/bin/systemctl" "$tmp/systemctl"
+cp "$root/usr/share/doc/jobmgr/examples/pool.toml" "$root/etc/jobmgr/pools/example.toml"
+in_root systemd-analyze verify /lib/systemd/system/jobmgr.service \
+    /lib/systemd/system/jobmgr-server.service jobmgr@example.service
+echo "all three units verify"
+mkdir -p "$root/run/systemd/system"
+mv "$tmp/systemctl" "$root/usr/local/bin/systemctl"
+
+step "a drop-in and an edited config survive an upgrade"
+printf 'max-workers = 3\n' >"$root/etc/jobmgr/conf.d/10-fleet.toml"
+printf '\n# edited by the operator\nmax-load = 7.5\n' >>"$root/etc/jobmgr/jobmgr.toml"
+in_root jobmgr check-config >"$tmp/check-config"
+grep -q '^max-workers = 3 *# file /etc/jobmgr/conf.d/10-fleet.toml' "$tmp/check-config" ||
+    fail "check-config does not read the conf.d drop-in"
+cp "$root/etc/jobmgr/jobmgr.toml" "$tmp/edited.toml"
+cargo deb --no-build --no-strip --locked --deb-version "${version}+upgrade" --output "$tmp/upgrade.deb" >/dev/null
+cp "$tmp/upgrade.deb" "$root/tmp/upgrade.deb"
+in_root dpkg -i /tmp/upgrade.deb
+cmp "$root/etc/jobmgr/jobmgr.toml" "$tmp/edited.toml" || fail "the upgrade overwrote the edited config"
+[ -f "$root/etc/jobmgr/conf.d/10-fleet.toml" ] || fail "the upgrade removed a drop-in"
+made=$(calls)
+echo "systemctl: $made"
+grep -qx -- "--no-block try-restart jobmgr.service jobmgr-server.service jobmgr@\*.service" <<<"$made" ||
+    fail "the upgrade did not restart the running services gracefully"
+if grep -q stop <<<"$made"; then fail "the upgrade stopped the services: $made"; fi
+
+step "remove keeps config and state; purge removes them"
+in_root dpkg -r jobmgr
+made=$(calls)
+echo "systemctl: $made"
+grep -qx "stop jobmgr.service jobmgr-server.service jobmgr@\*.service" <<<"$made" ||
+    fail "remove did not stop the services"
+[ ! -e "$root/usr/bin/jobmgr" ] || fail "remove left /usr/bin/jobmgr"
+[ -f "$root/etc/jobmgr/jobmgr.toml" ] || fail "remove deleted the config"
+[ -d "$root/var/lib/jobmgr" ] || fail "remove deleted the state"
+in_root dpkg -P jobmgr
+[ ! -e "$root/etc/jobmgr/jobmgr.toml" ] || fail "purge left the config"
+[ ! -e "$root/var/lib/jobmgr" ] || fail "purge left the state"
+in_root getent passwd jobmgr >/dev/null || fail "purge removed the jobmgr user (policy keeps it)"
+
+step "the units for real: boot systemd in a container (systemd-nspawn)"
+if ! command -v systemd-nspawn >/dev/null; then
+    echo "skipped: systemd-nspawn is absent here (apt install systemd-container)"
+else
+    boot="$tmp/boot"
+    cp -a "$base" "$boot"
+    cp "$deb" "$boot/tmp/jobmgr.deb"
+    chroot "$boot" dpkg -i /tmp/jobmgr.deb >/dev/null
+    install -m 755 packaging/boot-test.sh "$boot/usr/local/sbin/jobmgr-boot-test"
+    cat >"$boot/etc/systemd/system/jobmgr-boot-test.service" <<'UNIT'
+[Unit]
+Description=jobmgr boot test
+After=multi-user.target
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/jobmgr-boot-test
+UNIT
+    mkdir -p "$boot/etc/systemd/system/default.target.wants"
+    ln -s ../jobmgr-boot-test.service "$boot/etc/systemd/system/default.target.wants/"
+    timeout 300 systemd-nspawn --quiet --register=no --keep-unit -D "$boot" -b \
+        >"$out/boot.log" 2>&1 || true
+    cat "$boot/boot-test.log" 2>/dev/null || { tail -30 "$out/boot.log"; fail "the container did not run the boot test"; }
+    [ "$(cat "$boot/boot-test.result" 2>/dev/null)" = PASS ] || fail "the boot test failed (above; console in $out/boot.log)"
+fi
+
+step "packages ok: $(basename "$deb") $(basename "$rpm")"
