@@ -2,8 +2,6 @@
 //! directory and environment, run it while renewing its lease and forwarding
 //! its progress, decide the report, and deliver it (or spool it).
 
-use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,6 +13,7 @@ use tracing::Instrument;
 
 use super::process::{self, PROGRESS_FD, WorkerSpec};
 use super::report::{self, DETAILS_KEY, Decision, JobFacts, NotRun};
+use super::scratch::JobScratch;
 use super::settings::JobSettings;
 use super::spool::Spooled;
 use super::worker_path::WorkerPath;
@@ -167,7 +166,7 @@ impl JobTask {
             .map_err(|e| NotRun::NoWorker(e.to_string()))?
             .resolve(&self.job.name)
             .map_err(|e| NotRun::NoWorker(e.to_string()))?;
-        let scratch = Scratch::create(&settings.scratch_dir, self.job.id).map_err(|e| {
+        let scratch = JobScratch::create(&settings.scratch_dir, self.job.id).map_err(|e| {
             not_started(
                 &e,
                 &format!(
@@ -177,11 +176,11 @@ impl JobTask {
             )
         })?;
         let owner = sandbox.credentials().map(|c| (c.uid, c.gid));
-        super::sandbox::hand_over(&scratch.path, owner).map_err(|e| {
+        super::sandbox::hand_over(scratch.path(), owner).map_err(|e| {
             not_started(&e, "cannot give the scratch directory to the worker's user")
         })?;
         let mut job_sandbox = sandbox
-            .job(self.job.id, &scratch.path)
+            .job(self.job.id, scratch.path())
             .map_err(|e| not_started(&e, "cannot prepare the job's sandbox"))?;
         let mut stdin_object = self.job.handout.clone();
         stdin_object.remove("lease");
@@ -192,8 +191,8 @@ impl JobTask {
 
         let spec = WorkerSpec {
             program: program.clone(),
-            env: self.environment(attempt, &scratch.path),
-            cwd: scratch.path.clone(),
+            env: self.environment(attempt, scratch.path()),
+            cwd: scratch.path().to_path_buf(),
             stdin,
             timeout: job_settings.timeout,
             grace: job_settings.kill_grace,
@@ -451,29 +450,6 @@ async fn forward_progress(
                 pending = false;
                 last_sent = tokio::time::Instant::now();
             }
-        }
-    }
-}
-
-/// A job's scratch directory: mode 0700, removed when dropped.
-struct Scratch {
-    path: PathBuf,
-}
-
-impl Scratch {
-    fn create(base: &std::path::Path, job_id: i64) -> std::io::Result<Self> {
-        let path = base.join(format!("job-{job_id}-{:016x}", rand::random::<u64>()));
-        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        Ok(Scratch { path })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Err(error) = std::fs::remove_dir_all(&self.path)
-            && error.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %self.path.display(), %error, "cannot remove the job's scratch directory");
         }
     }
 }

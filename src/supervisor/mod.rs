@@ -16,6 +16,7 @@ pub mod process;
 pub mod report;
 pub mod sandbox;
 pub mod schedule;
+pub mod scratch;
 pub mod settings;
 pub mod spool;
 pub mod status;
@@ -79,11 +80,14 @@ pub enum SupervisorError {
 pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>;
 
 /// What the pools of one process share: the one thread workers are forked
-/// from (with the orphan reaper, which must know every pool's workers) and
-/// the job cgroups. Both are made by the first pool that runs.
+/// from (with the orphan reaper, which must know every pool's workers), the
+/// job cgroups, and the scratch directory (held, and cleared of a killed
+/// supervisor's leftovers, once). Each is made by the first pool that
+/// needs it.
 pub struct Host {
     launcher: std::sync::Mutex<Option<Launcher>>,
     cgroups: std::sync::OnceLock<Result<Arc<cgroup::Cgroups>, String>>,
+    scratch: std::sync::Mutex<Vec<Arc<scratch::ScratchParent>>>,
     /// What every pool is doing, for `jobmgr status`.
     pub status: status::StatusBoard,
 }
@@ -94,6 +98,7 @@ impl Host {
         Host {
             launcher: std::sync::Mutex::default(),
             cgroups: std::sync::OnceLock::new(),
+            scratch: std::sync::Mutex::default(),
             status: status::StatusBoard::new(server),
         }
     }
@@ -108,6 +113,22 @@ impl Host {
         let started = Launcher::start(tokio::runtime::Handle::current())
             .map_err(|e| SupervisorError::Io(format!("cannot start the launcher thread: {e}")))?;
         Ok(slot.insert(started).clone())
+    }
+
+    /// The scratch parent at `dir`, prepared (and cleared of what a killed
+    /// supervisor left in it) by the first pool that uses it, and held for
+    /// the life of the process.
+    fn scratch(
+        &self,
+        dir: &std::path::Path,
+    ) -> Result<Arc<scratch::ScratchParent>, SupervisorError> {
+        let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(parent) = held.iter().find(|p| p.dir() == dir) {
+            return Ok(Arc::clone(parent));
+        }
+        let parent = Arc::new(scratch::ScratchParent::open(dir).map_err(SupervisorError::Io)?);
+        held.push(Arc::clone(&parent));
+        Ok(parent)
     }
 }
 
@@ -264,7 +285,7 @@ impl Supervisor {
         let settings = self.settings();
         let spool =
             Spool::open(&settings.spool_dir).map_err(|e| SupervisorError::Io(e.to_string()))?;
-        prepare_scratch_parent(&settings.scratch_dir)?;
+        self.host.scratch(&settings.scratch_dir)?;
         let all: Vec<&sandbox::SandboxSettings> = std::iter::once(&settings.job.sandbox)
             .chain(settings.rules.iter().map(|(_, job)| &job.sandbox))
             .collect();
@@ -293,7 +314,11 @@ impl Supervisor {
             busy_until: std::sync::Mutex::new(None),
         });
         let courier_stop = CancellationToken::new();
-        let courier = tokio::spawn(courier(Arc::clone(&shared), courier_stop.clone()));
+        let courier = tokio::spawn(courier(
+            Arc::clone(&shared),
+            courier_stop.clone(),
+            (settings.lease / 3).max(Duration::from_millis(100)),
+        ));
         let version_changed = Arc::new(Notify::new());
         let watcher = settings
             .version_watch_file
@@ -452,6 +477,11 @@ impl Supervisor {
             }
             match fetched {
                 Ok(jobs) => {
+                    if backoff > Duration::from_secs(1) {
+                        // The server answers again: spooled reports go now,
+                        // while their leases hold.
+                        shared.courier.notify_one();
+                    }
                     backoff = Duration::from_secs(1);
                     for leased in jobs {
                         started += 1;
@@ -596,38 +626,6 @@ impl Supervisor {
     }
 }
 
-/// Makes the directory scratch directories go in (mode 0711: workers of
-/// another user may pass through to their own directory, not list it), and
-/// refuses
-/// one that someone else could tamper with: it must be ours and writable by
-/// nobody else, or another user could swap a job's directory under it.
-fn prepare_scratch_parent(dir: &std::path::Path) -> Result<(), SupervisorError> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let fail =
-        |what: String| SupervisorError::Io(format!("scratch directory {}: {what}", dir.display()));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o711)
-        .create(dir)
-        .map_err(|e| fail(format!("cannot create it: {e}")))?;
-    let metadata = std::fs::symlink_metadata(dir).map_err(|e| fail(e.to_string()))?;
-    if !metadata.is_dir() {
-        return Err(fail("is not a directory".into()));
-    }
-    if metadata.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(fail(
-            "belongs to another user; use a directory of the supervisor's own (--scratch-dir)"
-                .into(),
-        ));
-    }
-    if metadata.mode() & 0o022 != 0 {
-        return Err(fail(
-            "is writable by other users; chmod 700 it or pick another --scratch-dir".into(),
-        ));
-    }
-    Ok(())
-}
-
 /// Starts syncing the declared jobs again (after a reload).
 fn restart_schedule(
     task: &mut Option<tokio::task::JoinHandle<()>>,
@@ -672,53 +670,71 @@ fn jittered(base: Duration) -> Duration {
     base.mul_f64(0.8 + rand::random::<f64>() * 0.4)
 }
 
-/// Delivers spooled reports whenever asked, and on a backoff while any wait.
-async fn courier(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut backoff = Duration::from_secs(1);
+/// Delivers spooled reports whenever asked (a report was spooled, or the
+/// server answered again), and on a backoff while any wait.
+///
+/// The backoff doubles with time, never with the number of reports spooled
+/// meanwhile, and is at most a third of the lease (`retry_at_most`): a
+/// spooled report's lease is no longer renewed, and a server that restarts
+/// gives leases held before its crash one more term, so a report tried at
+/// least three times a term lands before its lease lapses (which would
+/// have its job run again).
+async fn courier(shared: Arc<Shared>, stop: CancellationToken, retry_at_most: Duration) {
+    let first = Duration::from_secs(1).min(retry_at_most);
+    let mut backoff = first;
     loop {
-        let pending = match shared.spool.pending() {
-            Ok(pending) => pending,
-            Err(error) => {
-                tracing::error!(%error, dir = %shared.spool.dir().display(), "cannot read the report spool");
-                Vec::new()
-            }
-        };
-        let mut blocked = false;
-        for (path, spooled) in &pending {
-            match shared
-                .source
-                .report(spooled.job_id, spooled.lease.as_deref(), &spooled.report)
-                .await
-            {
-                Ok(()) => {
-                    tracing::info!(job_id = spooled.job_id, job_name = %spooled.job_name, report = spooled.report.kind(), "spooled report delivered");
-                    shared.spool.remove(path);
-                }
-                Err(SourceError::Unavailable(error)) => {
-                    tracing::debug!(%error, "server still unavailable; spooled reports wait");
-                    blocked = true;
-                    break;
-                }
-                Err(error) => {
-                    tracing::warn!(job_id = spooled.job_id, job_name = %spooled.job_name, %error, "server refused a spooled report; dropping it");
-                    shared.spool.remove(path);
-                }
-            }
+        let blocked = deliver_spooled(&shared).await;
+        if !blocked {
+            backoff = first;
         }
         let wait = if blocked {
-            let wait = jittered(backoff);
-            backoff = (backoff * 2).min(Duration::from_secs(30));
-            wait
+            jittered(backoff).min(retry_at_most)
         } else {
-            backoff = Duration::from_secs(1);
             Duration::from_secs(3600)
         };
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = shared.courier.notified() => {}
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(wait) => {
+                if blocked {
+                    backoff = (backoff * 2).min(retry_at_most);
+                }
+            }
         }
     }
+}
+
+/// Tries every spooled report, oldest first; returns whether the server was
+/// unreachable (the rest then wait).
+async fn deliver_spooled(shared: &Shared) -> bool {
+    let pending = match shared.spool.pending() {
+        Ok(pending) => pending,
+        Err(error) => {
+            tracing::error!(%error, dir = %shared.spool.dir().display(), "cannot read the report spool");
+            Vec::new()
+        }
+    };
+    for (path, spooled) in &pending {
+        match shared
+            .source
+            .report(spooled.job_id, spooled.lease.as_deref(), &spooled.report)
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(job_id = spooled.job_id, job_name = %spooled.job_name, report = spooled.report.kind(), "spooled report delivered");
+                shared.spool.remove(path);
+            }
+            Err(SourceError::Unavailable(error)) => {
+                tracing::debug!(%error, "server still unavailable; spooled reports wait");
+                return true;
+            }
+            Err(error) => {
+                tracing::warn!(job_id = spooled.job_id, job_name = %spooled.job_name, %error, "server refused a spooled report; dropping it");
+                shared.spool.remove(path);
+            }
+        }
+    }
+    false
 }
 
 /// Notifies once the file at `path` changes (contents replaced, modified,
