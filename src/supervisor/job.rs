@@ -346,10 +346,11 @@ fn not_started(error: &std::io::Error, what: &str) -> NotRun {
 
 /// Renews the lease often enough for the term the server granted (for a
 /// job with `retryAfter` that is its `retryAfter`, whatever was asked). A
-/// lost lease stops the worker. So does a lease that could not be renewed in
-/// time: the worker is stopped while the lease still holds, leaving it the
-/// kill grace (or a third of the term, if less) to end before anyone else
-/// can be handed the job.
+/// lost lease stops the worker. A renewal that fails (the server down or
+/// slow) is tried again sooner, several times, so that a short outage costs
+/// no run; only a lease that could not be renewed in time stops the worker,
+/// while the lease still holds, leaving it the kill grace (or a third of the
+/// term, if less) to end before anyone else can be handed the job.
 async fn heartbeat(
     shared: Arc<Shared>,
     job: LeasedJob,
@@ -366,14 +367,21 @@ async fn heartbeat(
     let every = (granted.min(asked) / 3).max(Duration::from_millis(100));
     let margin = grace.min(granted / 3);
     let mut valid_until = tokio::time::Instant::now() + granted;
+    let mut wait = every;
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
         let sent = tokio::time::Instant::now();
-        let left = valid_until.saturating_duration_since(sent);
-        let outcome = match tokio::time::timeout(left, shared.source.heartbeat(&job)).await {
+        // The answer must come while there is still time to stop the
+        // worker before the lease lapses; half of that, so that a renewal
+        // that hangs leaves room for another try.
+        let budget = valid_until
+            .saturating_duration_since(sent)
+            .saturating_sub(margin);
+        let attempt = (budget / 2).max(Duration::from_millis(500)).min(budget);
+        let outcome = match tokio::time::timeout(attempt, shared.source.heartbeat(&job)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(SourceError::Unavailable(
                 "the renewal did not answer in time".into(),
@@ -383,6 +391,7 @@ async fn heartbeat(
             Ok(()) => {
                 crate::metrics::lease_renewal("ok");
                 valid_until = sent + granted;
+                wait = every;
             }
             Err(SourceError::LeaseLost(_)) => {
                 crate::metrics::lease_renewal("lost");
@@ -395,14 +404,19 @@ async fn heartbeat(
             }
             Err(error) => {
                 crate::metrics::lease_renewal("failed");
-                let now = tokio::time::Instant::now();
-                if now + every + margin >= valid_until {
+                let left = valid_until
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .saturating_sub(margin);
+                if left.is_zero() {
                     tracing::warn!(%error, "lease could not be renewed and lapses soon; stopping the worker");
                     lost.store(true, Ordering::SeqCst);
                     worker_stop.cancel();
                     return;
                 }
-                tracing::warn!(%error, "lease renewal failed; trying again");
+                // Try again soon, several times before the lease would
+                // lapse: a short outage of the server costs no run.
+                wait = (left / 4).clamp(Duration::from_millis(100), every);
+                tracing::warn!(%error, retry_in = ?wait, "lease renewal failed; trying again");
             }
         }
     }

@@ -149,6 +149,45 @@ fn a_retry_after_shorter_than_the_supervisors_lease_is_renewed_in_time() {
 }
 
 #[test]
+fn a_server_outage_shorter_than_the_lease_does_not_stop_the_running_worker() {
+    let mut server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url);
+    let runs = builder.path().join("runs");
+    let sup = builder
+        .worker(
+            "Slow",
+            "#!/bin/sh\ncat > /dev/null\necho run >> \"$RUNS\"\nsleep 5\necho '{\"done\":true}'\n",
+        )
+        .arg("--lease")
+        .arg("6s")
+        .arg("--env")
+        .arg(&format!("RUNS={}", runs.display()))
+        .start();
+    let id = api.create(json!({"name": "Slow", "repeat": "FINISHED, +1 HOUR"}));
+    poll("the worker to start", || runs.exists().then_some(()));
+    server.kill9();
+    // Down until a renewal has failed; the first failure must not stop the
+    // worker (the lease still holds for a while).
+    poll("a lease renewal to fail", || {
+        sup.stderr().contains("lease renewal failed").then_some(())
+    });
+    server.start_again_on_the_same_port();
+    let job = poll("the job to finish", || {
+        let job = api.job(id);
+        (job["data"]["done"] == true).then_some(job)
+    });
+    let text = std::fs::read_to_string(&runs).expect("runs file");
+    assert_eq!(text.lines().count(), 1, "ran once: {}", sup.stderr());
+    assert_eq!(job["lapses"], 0, "{job}");
+    assert!(
+        !sup.stderr().contains("stopping the worker"),
+        "{}",
+        sup.stderr()
+    );
+}
+
+#[test]
 fn a_repeating_job_handed_back_at_drain_keeps_its_occurrence() {
     let server = Server::start();
     let api = server.api();

@@ -117,7 +117,7 @@ impl Server {
             .arg("--db")
             .arg(&self.db)
             .arg("--http")
-            .arg("127.0.0.1:0")
+            .arg(self.http_addr())
             .arg("--bedrock")
             .arg("127.0.0.1:0")
             .args(&self.args)
@@ -199,7 +199,23 @@ impl Server {
     /// port changes; `url` is updated.
     pub fn restart(&mut self) {
         self.kill9();
+        self.url.clear();
         self.spawn();
+    }
+
+    /// Starts a killed server again on the same SQLite file and the same
+    /// HTTP port, so that clients holding its URL reach it again.
+    pub fn start_again_on_the_same_port(&mut self) {
+        assert!(self.child.is_none(), "kill the server first");
+        self.spawn();
+    }
+
+    /// `--http` for the next start: the last port, or one from the OS.
+    fn http_addr(&self) -> String {
+        match self.url.strip_prefix("http://") {
+            Some(addr) if !addr.is_empty() => addr.to_string(),
+            _ => "127.0.0.1:0".to_string(),
+        }
     }
 
     /// An HTTP helper for this server.
