@@ -20,9 +20,10 @@ impl Timestamp {
     }
 
     /// This time truncated to the whole second, as Bedrock stores `created`
-    /// and `lastRun`.
+    /// and `lastRun` (saturating at the start of `i64`, like
+    /// [`Timestamp::plus_millis`]).
     pub fn whole_second(self) -> Self {
-        Timestamp(self.0.div_euclid(1000) * 1000)
+        Timestamp(self.0.div_euclid(1000).saturating_mul(1000))
     }
 
     /// This time moved by `ms` milliseconds, saturating at the ends of `i64`.
@@ -89,6 +90,17 @@ mod tests {
         assert_eq!(t.to_string(), "2016-10-18 00:00:00");
         let t = Timestamp::parse("2016-10-18T18:45:19Z").unwrap();
         assert_eq!(t.to_string(), "2016-10-18 18:45:19");
+    }
+
+    #[test]
+    fn whole_seconds_at_the_ends_of_time_do_not_overflow() {
+        // Found by fuzz/fuzz_targets/repeat.rs.
+        assert_eq!(Timestamp(i64::MIN).whole_second(), Timestamp(i64::MIN));
+        assert_eq!(
+            Timestamp(i64::MAX).whole_second(),
+            Timestamp(i64::MAX / 1000 * 1000)
+        );
+        assert_eq!(Timestamp(-1).whole_second(), Timestamp(-1000));
     }
 
     #[test]
