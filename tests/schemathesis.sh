@@ -28,10 +28,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 st=${SCHEMATHESIS:-st}
-if ! command -v "$st" >/dev/null 2>&1; then
+if ! st=$(command -v "$st"); then
   echo "schemathesis not found: pip install schemathesis==4.32.5 (or set SCHEMATHESIS=/path/to/st)" >&2
   exit 2
 fi
+case $st in /*) ;; *) st=$PWD/$st ;; esac
 bin=${JOBMGR_BIN:-}
 if [ -z "$bin" ]; then
   cargo build --quiet --locked --bin jobmgr
@@ -73,8 +74,11 @@ fi
 echo "jobmgr server (pid $pid) at $url"
 
 status=0
-SCHEMATHESIS_HOOKS=schemathesis_hooks PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" \
-"$st" run "$url/openapi.json" \
+# From the temporary directory, where schemathesis keeps its cache.
+(
+  cd "$tmp"
+  SCHEMATHESIS_HOOKS=schemathesis_hooks PYTHONPATH="$OLDPWD/tests${PYTHONPATH:+:$PYTHONPATH}" \
+  "$st" run "$url/openapi.json" \
   --checks all \
   --exclude-checks positive_data_acceptance \
   --max-examples "${MAX_EXAMPLES:-50}" \
@@ -82,7 +86,8 @@ SCHEMATHESIS_HOOKS=schemathesis_hooks PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTH
   --generation-database none \
   --request-timeout 30 \
   --report junit --report-dir "$tmp/report" \
-  --no-color || status=$?
+  --no-color
+) || status=$?
 
 if [ "$status" != 0 ]; then
   echo "--- server log (last 100 lines)" >&2

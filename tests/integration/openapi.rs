@@ -147,3 +147,61 @@ fn the_document_says_what_the_server_takes() {
     );
     assert_eq!(status, 400, "{answer}");
 }
+
+#[test]
+fn times_are_written_in_the_documented_form_or_refused() {
+    let server = Server::start();
+    let api = server.api();
+    // A retry so far off that no time can be written used to come out as
+    // the year -262143, as if long due; now it is refused.
+    let id = api.create(serde_json::json!({"name": "Far"}));
+    api.take("Far");
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/retry"),
+        serde_json::json!({"delay": 9_000_000_000_000_000i64}),
+    );
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (400, Some("malformed_delay")),
+        "{answer}"
+    );
+    assert_eq!(
+        api.state(id).as_deref(),
+        Some("RUNNING"),
+        "changed by a refused retry"
+    );
+    // The last second the form can write is fine.
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/retry"),
+        serde_json::json!({"nextRun": "9999-12-31 23:59:59"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    // Years the form cannot write are refused, not written as "+10000-…".
+    for time in ["+10000-01-01 00:00:00", "-0001-01-01 00:00:00"] {
+        let (status, answer) = api.post(
+            "/jobs",
+            serde_json::json!({"name": "Odd", "firstRun": time}),
+        );
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (400, Some("malformed_first_run")),
+            "{time}: {answer}"
+        );
+    }
+    let (_, doc) = api.get("/openapi.json");
+    let pattern = doc["components"]["schemas"]["WrittenTime"]["pattern"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, list) = api.get("/jobs");
+    for job in list["jobs"].as_array().unwrap() {
+        for key in ["nextRun", "created"] {
+            let text = job[key].as_str().unwrap();
+            let digits = text.bytes().filter(u8::is_ascii_digit).count();
+            assert!(
+                text.len() >= 19 && text.as_bytes()[4] == b'-' && (digits == 14 || digits == 17),
+                "{key} {text:?} does not match {pattern}"
+            );
+        }
+    }
+}
