@@ -79,8 +79,7 @@ pub fn run(args: CheckConfigArgs) -> Result<(), CliError> {
     let settings =
         Settings::resolve(&options, &state_dir).map_err(|e| CliError::Usage(e.to_string()))?;
     // Each pool must resolve too.
-    super::supervise::pool_settings(&options, &state_dir)
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    Settings::resolve_pools(&options, &state_dir).map_err(|e| CliError::Usage(e.to_string()))?;
     let cli = command_line_sources();
 
     println!("# jobmgr: effective supervisor configuration");

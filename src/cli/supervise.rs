@@ -52,7 +52,8 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         .parent()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
-    let pools = pool_settings(&options, &state_dir).map_err(|e| CliError::Usage(e.to_string()))?;
+    let pools = Settings::resolve_pools(&options, &state_dir)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     for settings in &pools {
         // Fail early and clearly on a missing worker path.
         crate::supervisor::worker_path::WorkerPath::new(&settings.worker_path).map_err(|e| {
@@ -137,7 +138,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             .on_host(Arc::clone(&host))
             .with_reload(Box::new(move || {
                 let options = effective(&reload_args)?;
-                let pools = pool_settings(&options, &reload_state)?;
+                let pools = Settings::resolve_pools(&options, &reload_state)?;
                 pools.into_iter().find(|p| p.pool == pool).ok_or_else(|| {
                 config::ConfigError::Setting(format!(
                     "pool {:?} is no longer in the configuration; restart jobmgr to remove a pool",
@@ -186,46 +187,6 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
     }
     outcome
-}
-
-/// The settings of each pool: one, unnamed, without `[[pool]]` tables;
-/// otherwise one per table, each with its own spool, the declared schedule
-/// kept by the first.
-pub(super) fn pool_settings(
-    options: &SupervisorOptions,
-    state_dir: &std::path::Path,
-) -> Result<Vec<Settings>, config::ConfigError> {
-    let tables = options.pool.clone().unwrap_or_default();
-    if tables.is_empty() {
-        return Ok(vec![Settings::resolve(options, state_dir)?]);
-    }
-    let mut all: Vec<Settings> = Vec::new();
-    for (index, table) in tables.iter().enumerate() {
-        let name = &table.name;
-        let valid = !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if !valid {
-            return Err(config::ConfigError::Setting(format!(
-                "[[pool]] name {name:?}: use letters, digits, '_' and '-'"
-            )));
-        }
-        if all.iter().any(|s| s.pool.as_deref() == Some(name)) {
-            return Err(config::ConfigError::Setting(format!(
-                "[[pool]] {name:?} is declared twice"
-            )));
-        }
-        let mut settings = Settings::resolve(&table.over(options), state_dir)
-            .map_err(|e| config::ConfigError::Setting(format!("[[pool]] {name:?}: {e}")))?;
-        settings.spool_dir = settings.spool_dir.join(name);
-        if index > 0 {
-            settings.schedule = None;
-        }
-        settings.pool = Some(name.clone());
-        all.push(settings);
-    }
-    Ok(all)
 }
 
 /// A job source for a server URL.

@@ -19,7 +19,7 @@ use super::spool::Spooled;
 use super::worker_path::WorkerPath;
 use super::{Generation, Shared};
 use crate::client::{LeasedJob, Report, SourceError};
-use crate::protocol::Data;
+use crate::protocol::{Data, MAX_DATA_BYTES, data_len};
 
 /// The least time between two progress updates of one job.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -423,7 +423,9 @@ async fn heartbeat(
 }
 
 /// Forwards progress objects as UpdateJob, merged into the job's data and
-/// at most one per [`PROGRESS_EVERY`]; the latest wins.
+/// at most one per [`PROGRESS_EVERY`]; the latest wins. Merged data the
+/// server would refuse (over [`MAX_DATA_BYTES`]) is not kept: progress
+/// stops there for this run, and what was sent before stands.
 async fn forward_progress(
     shared: Arc<Shared>,
     job: LeasedJob,
@@ -431,6 +433,7 @@ async fn forward_progress(
     done: CancellationToken,
 ) {
     let mut data = Value::Object(job.data.clone());
+    let mut size = MergedSize::new(&job.data);
     let mut pending = false;
     let mut closed = false;
     let mut last_sent = tokio::time::Instant::now() - PROGRESS_EVERY;
@@ -445,8 +448,19 @@ async fn forward_progress(
             _ = done.cancelled() => return,
             update = updates.recv(), if !closed => match update {
                 Some(update) => {
+                    size.add(&update);
                     json_patch::merge(&mut data, &Value::Object(update));
                     pending = true;
+                    if size.over(&data) {
+                        tracing::warn!(
+                            "the worker's progress would make the job's data larger than 1 MiB; \
+                             no more progress is forwarded for this run"
+                        );
+                        data = Value::Null;
+                        updates.close();
+                        pending = false;
+                        closed = true;
+                    }
                 }
                 None => closed = true,
             },
@@ -465,5 +479,38 @@ async fn forward_progress(
                 last_sent = tokio::time::Instant::now();
             }
         }
+    }
+}
+
+/// A bound on the size of progress merged into a job's data, kept without
+/// writing the data out on every update: each update adds at most its own
+/// length, and only when that bound passes the cap is the data measured.
+struct MergedSize {
+    bound: usize,
+}
+
+impl MergedSize {
+    fn new(data: &Data) -> Self {
+        MergedSize {
+            bound: data_len(data),
+        }
+    }
+
+    /// Counts an update about to be merged.
+    fn add(&mut self, update: &Data) {
+        self.bound = self.bound.saturating_add(data_len(update));
+    }
+
+    /// Whether the merged `data` is over the cap (measuring it only when
+    /// the bound says it may be).
+    fn over(&mut self, data: &Value) -> bool {
+        if self.bound <= MAX_DATA_BYTES {
+            return false;
+        }
+        self.bound = match data {
+            Value::Object(map) => data_len(map),
+            _ => usize::MAX,
+        };
+        self.bound > MAX_DATA_BYTES
     }
 }

@@ -525,12 +525,14 @@ impl Supervisor {
         let drain_timeout = self.settings().drain_timeout;
         tracing::info!(running = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
         board.gate("draining", gate.last_sample().map(|s| s.load1));
-        let deadline = tokio::time::Instant::now() + drain_timeout;
+        // A sleep, not `now + timeout`: any configured length is fine.
+        let deadline = tokio::time::sleep(drain_timeout);
+        tokio::pin!(deadline);
         let mut control_open = true;
         while !workers.is_empty() {
             tokio::select! {
                 _ = workers.join_next() => {}
-                _ = tokio::time::sleep_until(deadline) => break,
+                _ = &mut deadline => break,
                 message = control.recv(), if control_open => match message {
                     Some(Control::StopNow) | Some(Control::Drain) => {
                         tracing::info!("asked again: stopping running jobs now");

@@ -24,7 +24,7 @@ pub struct Captured {
     pub total: u64,
     /// Whether bytes were dropped.
     pub truncated: bool,
-    /// The last non-empty line, when it was kept whole.
+    /// The last non-empty line, when it was kept whole and is UTF-8.
     pub last_line: Option<String>,
 }
 
@@ -84,11 +84,10 @@ impl Capture {
             None => None,
         }
         .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
-        .map(|line| {
-            String::from_utf8_lossy(line)
-                .trim_end_matches('\r')
-                .to_string()
-        });
+        // Bytes that are not UTF-8 are not JSON: such a line is not data,
+        // rather than data with replacement characters in it.
+        .and_then(|line| std::str::from_utf8(line).ok())
+        .map(|line| line.trim_end_matches('\r').to_string());
         Captured {
             text,
             total: self.total,
@@ -127,6 +126,15 @@ mod tests {
         assert!(done.text.contains("bytes of output dropped"));
         assert!(done.text.ends_with("\nLAST\n"));
         assert_eq!(done.last_line.as_deref(), Some("LAST"));
+    }
+
+    #[test]
+    fn a_last_line_that_is_not_utf8_is_not_used() {
+        let mut capture = Capture::new(100);
+        capture.push(b"text\n{\"a\":\"\xff\xfe\"}\n");
+        let done = capture.finish();
+        assert_eq!(done.last_line, None);
+        assert!(done.text.contains("text"), "{:?}", done.text);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -278,6 +278,25 @@ async fn collect(task: tokio::task::JoinHandle<()>, capture: &Mutex<Capture>) ->
     captured
 }
 
+/// Skips the rest of an overlong line without keeping it, however long it
+/// is. False when the stream ended (or failed) first.
+async fn skip_line(reader: &mut (impl AsyncBufRead + Unpin)) -> bool {
+    loop {
+        let buffered = match reader.fill_buf().await {
+            Ok([]) | Err(_) => return false,
+            Ok(buffered) => buffered,
+        };
+        let (used, found) = match buffered.iter().position(|&b| b == b'\n') {
+            Some(at) => (at + 1, true),
+            None => (buffered.len(), false),
+        };
+        reader.consume(used);
+        if found {
+            return true;
+        }
+    }
+}
+
 async fn read_progress(
     fd: OwnedFd,
     sink: Option<mpsc::Sender<serde_json::Map<String, serde_json::Value>>>,
@@ -288,6 +307,7 @@ async fn read_progress(
     let mut reader = BufReader::new(pipe);
     let mut line = Vec::new();
     let mut warned = false;
+    let mut warned_long = false;
     loop {
         line.clear();
         let read = (&mut reader)
@@ -297,10 +317,14 @@ async fn read_progress(
         match read {
             Ok(0) | Err(_) => return,
             Ok(_) if line.len() > MAX_PROGRESS_LINE => {
-                // Skip the rest of an overlong line.
-                let mut rest = Vec::new();
-                if reader.read_until(b'\n', &mut rest).await.unwrap_or(0) == 0 {
+                if line.last() != Some(&b'\n') && !skip_line(&mut reader).await {
                     return;
+                }
+                if !warned_long {
+                    tracing::warn!(
+                        "worker wrote a progress line over {MAX_PROGRESS_LINE} bytes; ignoring such lines"
+                    );
+                    warned_long = true;
                 }
             }
             Ok(_) => match serde_json::from_slice::<serde_json::Value>(&line) {
@@ -320,5 +344,57 @@ async fn read_progress(
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// What `read_progress` forwards of `bytes` written to its pipe.
+    async fn progress_of(bytes: Vec<u8>) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        fcntl(&read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+        let writer = std::thread::spawn(move || {
+            let _ = std::fs::File::from(write).write_all(&bytes);
+        });
+        let (tx, mut rx) = mpsc::channel(64);
+        read_progress(read, Some(tx)).await;
+        writer.join().unwrap();
+        let mut got = Vec::new();
+        while let Ok(object) = rx.try_recv() {
+            got.push(object);
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn an_overlong_line_is_skipped_whole_and_the_next_one_read() {
+        let mut bytes = vec![b'x'; 20 * MAX_PROGRESS_LINE];
+        bytes.extend_from_slice(b"\n{\"after\":1}\n");
+        let got = progress_of(bytes).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0]["after"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_line_of_exactly_the_limit_does_not_swallow_the_next() {
+        // MAX_PROGRESS_LINE bytes and its newline: over the limit with the
+        // newline, and already whole.
+        let mut bytes = vec![b' '; MAX_PROGRESS_LINE];
+        bytes.extend_from_slice(b"\n{\"next\":2}\n");
+        let got = progress_of(bytes).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0]["next"], 2);
+    }
+
+    #[tokio::test]
+    async fn garbage_and_non_objects_are_ignored() {
+        let mut bytes = b"\xff\xfe\x00garbage\n[1]\nnull\n\"s\"\n{\"a\":\n".to_vec();
+        bytes.extend_from_slice(b"{\"ok\":true}\n");
+        let got = progress_of(bytes).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0]["ok"], true);
     }
 }

@@ -38,7 +38,8 @@ impl RetryPolicy {
         let base = self.backoff.as_secs_f64() * 2f64.powi(exponent as i32);
         let capped = base.min(self.max_backoff.as_secs_f64());
         let jitter = 0.75 + rand::random::<f64>() * 0.5;
-        Duration::from_secs_f64(capped * jitter)
+        // Saturating: a configured backoff may be as long as a Duration.
+        Duration::try_from_secs_f64(capped * jitter).unwrap_or(Duration::MAX)
     }
 }
 
@@ -105,6 +106,10 @@ pub fn decide(
                     None,
                     "; stdout was cut by the output cap, so its last line was not read as data",
                 ),
+                None if last_line.is_some_and(|l| l.trim_start().starts_with('{')) => (
+                    None,
+                    "; stdout's last line is not valid JSON, so the data is unchanged",
+                ),
                 _ => (None, ""),
             };
             // The details of earlier failed runs do not outlive a success.
@@ -131,7 +136,7 @@ pub fn decide(
                 report: Some(Report::Retry {
                     delay_secs: whole_seconds(delay),
                     ignore_repeat: true,
-                    data: Some(with_details(job.data, finished, "tempfail", job.attempt)),
+                    data: with_details(job.data, finished, "tempfail", job.attempt),
                 }),
                 summary: format!(
                     "asked to be retried (exit 75); retry in {}s",
@@ -176,7 +181,7 @@ pub fn decide(
 /// one-off job is FAILED, and a repeating one moves on to its next
 /// occurrence (its schedule outlives one bad run) with the details in its
 /// data.
-fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Data, what: &str) -> Decision {
+fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Option<Data>, what: &str) -> Decision {
     let attempt = job.attempt;
     if attempt < policy.max_attempts {
         let delay = policy.delay(attempt);
@@ -184,7 +189,7 @@ fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Data, what: &str) -> D
             report: Some(Report::Retry {
                 delay_secs: whole_seconds(delay),
                 ignore_repeat: true,
-                data: Some(data),
+                data,
             }),
             summary: format!(
                 "failed: {what} (attempt {attempt} of {}); retry in {}s",
@@ -198,7 +203,7 @@ fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Data, what: &str) -> D
             report: Some(Report::Retry {
                 delay_secs: 0,
                 ignore_repeat: false,
-                data: Some(data),
+                data,
             }),
             summary: format!(
                 "failed: {what} (attempt {attempt} of {}); giving up on this run, the job repeats at its next time",
@@ -207,7 +212,7 @@ fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Data, what: &str) -> D
         };
     }
     Decision {
-        report: Some(Report::Fail { data: Some(data) }),
+        report: Some(Report::Fail { data }),
         summary: format!(
             "FAILED: {what} (attempt {attempt} of {})",
             policy.max_attempts
@@ -218,17 +223,15 @@ fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Data, what: &str) -> D
 /// Decides the report for a job whose worker never ran.
 pub fn decide_not_run(why: &NotRun, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision {
     let details = |outcome: &str, reason: &str| {
-        let mut data = job.data.clone();
-        data.insert(
-            DETAILS_KEY.into(),
+        fitted(
+            job.data,
             json!({"outcome": outcome, "reason": reason, "attempt": job.attempt}),
-        );
-        data
+        )
     };
     match why {
         NotRun::NoWorker(reason) => Decision {
             report: Some(Report::Fail {
-                data: Some(details("no_worker", reason)),
+                data: details("no_worker", reason),
             }),
             summary: format!("FAILED: {reason}"),
         },
@@ -257,8 +260,9 @@ pub fn decide_not_run(why: &NotRun, job: JobFacts<'_>, policy: &RetryPolicy) -> 
     }
 }
 
-/// The job's data plus the details of this outcome under [`DETAILS_KEY`].
-fn with_details(data: &Data, finished: &Finished, kind: &str, attempt: i64) -> Data {
+/// The job's data plus the details of this outcome under [`DETAILS_KEY`]
+/// (see [`fitted`] for data near the cap).
+fn with_details(data: &Data, finished: &Finished, kind: &str, attempt: i64) -> Option<Data> {
     let mut details = json!({
         "outcome": kind,
         "attempt": attempt,
@@ -274,22 +278,48 @@ fn with_details(data: &Data, finished: &Finished, kind: &str, attempt: i64) -> D
         Ending::Signaled(signal) => details["signal"] = json!(signal_name(signal)),
         Ending::TimedOut | Ending::Stopped => details["killed"] = json!(finished.killed),
     }
+    fitted(data, details)
+}
+
+/// The details keys that say what happened, kept when nothing else fits.
+const VERDICT: [&str; 6] = [
+    "outcome", "attempt", "exitCode", "signal", "killed", "reason",
+];
+
+/// The job's data with `details` under [`DETAILS_KEY`], within the
+/// server's 1 MiB cap so that the report is taken: the output goes first,
+/// then everything but the verdict. `None` when not even the verdict fits
+/// beside the job's own data; the data is then left as it is, and the
+/// outcome is in the log.
+fn fitted(data: &Data, details: Value) -> Option<Data> {
     let mut data = data.clone();
     data.insert(DETAILS_KEY.into(), details);
-    if data_len(&data) > MAX_DATA_BYTES {
-        // Keep the report deliverable: drop the output, keep the verdict.
-        if let Some(Value::Object(details)) = data.get_mut(DETAILS_KEY) {
-            details.insert(
-                "stdout".into(),
-                json!("[dropped: the job's data would exceed 1 MiB]"),
-            );
-            details.insert(
-                "stderr".into(),
-                json!("[dropped: the job's data would exceed 1 MiB]"),
-            );
+    if data_len(&data) <= MAX_DATA_BYTES {
+        return Some(data);
+    }
+    if let Some(Value::Object(details)) = data.get_mut(DETAILS_KEY) {
+        for stream in ["stdout", "stderr"] {
+            if details.contains_key(stream) {
+                details.insert(
+                    stream.into(),
+                    json!("[dropped: the job's data would exceed 1 MiB]"),
+                );
+            }
         }
     }
-    data
+    if data_len(&data) <= MAX_DATA_BYTES {
+        return Some(data);
+    }
+    if let Some(Value::Object(details)) = data.get_mut(DETAILS_KEY) {
+        details.retain(|key, _| VERDICT.contains(&key.as_str()));
+    }
+    if data_len(&data) <= MAX_DATA_BYTES {
+        return Some(data);
+    }
+    tracing::warn!(
+        "the job's data is at the 1 MiB cap, so this outcome's details are not stored in it"
+    );
+    None
 }
 
 /// A delay in whole seconds, rounded up so that "later" is never "now".
@@ -487,6 +517,65 @@ mod tests {
             panic!("{bad:?}")
         };
         assert_eq!(data[DETAILS_KEY]["outcome"], "cannot_start");
+    }
+
+    #[test]
+    fn details_beside_data_near_the_cap_shrink_to_fit_or_are_left_out() {
+        let filled = |room: usize| {
+            let mut data = Data::new();
+            data.insert("fill".into(), json!(""));
+            let fill = "x".repeat(MAX_DATA_BYTES - data_len(&data) - room);
+            data.insert("fill".into(), json!(fill));
+            data
+        };
+        let output = "o".repeat(10_000);
+        // Room for the verdict, not for the output: the output goes.
+        let data = filled(300);
+        let d = decide(
+            &finished(Ending::Exited(3), &output),
+            job(&data, 1, false),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Retry {
+            data: Some(sent), ..
+        }) = d.report
+        else {
+            panic!("{d:?}")
+        };
+        assert!(data_len(&sent) <= MAX_DATA_BYTES);
+        assert_eq!(sent[DETAILS_KEY]["exitCode"], 3);
+        assert_eq!(sent["fill"], data["fill"]);
+        // No room at all: the data is left as it is; still a failure.
+        let data = filled(0);
+        let d = decide(
+            &finished(Ending::Exited(3), &output),
+            job(&data, 3, false),
+            &policy(),
+            false,
+            false,
+        );
+        assert_eq!(d.report, Some(Report::Fail { data: None }), "{}", d.summary);
+        let d = decide_not_run(
+            &NotRun::NoWorker("no worker X in the worker path".into()),
+            job(&data, 1, false),
+            &policy(),
+        );
+        assert_eq!(d.report, Some(Report::Fail { data: None }));
+    }
+
+    #[test]
+    fn the_longest_backoff_saturates() {
+        let p = RetryPolicy {
+            max_attempts: 3,
+            backoff: Duration::MAX,
+            max_backoff: Duration::MAX,
+        };
+        for attempt in [1, 2, 30, i64::MAX] {
+            assert!(p.delay(attempt) >= Duration::from_secs(u64::MAX / 2));
+        }
+        assert_eq!(whole_seconds(Duration::MAX), i64::MAX);
     }
 
     #[test]

@@ -202,6 +202,46 @@ impl Settings {
 }
 
 impl Settings {
+    /// The settings of each pool: one, unnamed, without `[[pool]]` tables;
+    /// otherwise one per table, each with its own spool, the declared
+    /// schedule kept by the first.
+    pub fn resolve_pools(
+        options: &SupervisorOptions,
+        state_dir: &std::path::Path,
+    ) -> Result<Vec<Self>, ConfigError> {
+        let tables = options.pool.clone().unwrap_or_default();
+        if tables.is_empty() {
+            return Ok(vec![Settings::resolve(options, state_dir)?]);
+        }
+        let mut all: Vec<Settings> = Vec::new();
+        for (index, table) in tables.iter().enumerate() {
+            let name = &table.name;
+            let valid = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !valid {
+                return Err(ConfigError::Setting(format!(
+                    "[[pool]] name {name:?}: use letters, digits, '_' and '-'"
+                )));
+            }
+            if all.iter().any(|s| s.pool.as_deref() == Some(name)) {
+                return Err(ConfigError::Setting(format!(
+                    "[[pool]] {name:?} is declared twice"
+                )));
+            }
+            let mut settings = Settings::resolve(&table.over(options), state_dir)
+                .map_err(|e| ConfigError::Setting(format!("[[pool]] {name:?}: {e}")))?;
+            settings.spool_dir = settings.spool_dir.join(name);
+            if index > 0 {
+                settings.schedule = None;
+            }
+            settings.pool = Some(name.clone());
+            all.push(settings);
+        }
+        Ok(all)
+    }
+
     /// The settings for a job of this name, and which they are (0 for the
     /// defaults, `i + 1` for the `i`-th `[[job]]` table).
     pub fn for_job(&self, name: &str) -> (usize, &JobSettings) {

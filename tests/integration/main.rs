@@ -13,6 +13,7 @@ mod config;
 mod crash;
 mod edges;
 mod hostile;
+mod hostile_workers;
 mod leases;
 mod lifecycle;
 mod long_poll;

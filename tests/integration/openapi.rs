@@ -47,3 +47,161 @@ fn an_undocumented_route_is_refused() {
         "method_not_allowed",
     );
 }
+
+// Regressions found by tests/schemathesis.sh, which tests the server
+// against this document.
+
+#[test]
+fn null_for_an_optional_field_is_refused_and_changes_nothing() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(serde_json::json!({"name": "Kept"}));
+    let before = api.get("/jobs").1;
+    for (method, path, body) in [
+        (
+            "POST",
+            "/jobs".to_string(),
+            r#"{"name":"New","priority":null}"#,
+        ),
+        ("POST", "/jobs".to_string(), r#"{"name":null}"#),
+        (
+            "POST",
+            "/jobs/batch".to_string(),
+            r#"{"jobs":[{"name":"New","repeat":null}]}"#,
+        ),
+        (
+            "POST",
+            "/jobs/requeue".to_string(),
+            r#"{"jobIDs":[1],"name":null}"#,
+        ),
+        ("POST", "/jobs/requeue".to_string(), r#"{"jobIDs":null}"#),
+        (
+            "POST",
+            "/dequeue".to_string(),
+            r#"{"name":"Kept","waitMs":null}"#,
+        ),
+        (
+            "PATCH",
+            format!("/jobs/{id}"),
+            r#"{"data":{"a":1},"repeat":null}"#,
+        ),
+        ("POST", format!("/jobs/{id}/retry"), r#"{"delay":null}"#),
+        ("POST", format!("/jobs/{id}/finish"), r#"{"lease":null}"#),
+        ("POST", format!("/jobs/{id}/fail"), r#"{"lease":null}"#),
+        ("POST", format!("/jobs/{id}/heartbeat"), r#"{"lease":null}"#),
+    ] {
+        let (status, answer) = api.send(method, &path, Some(body.into()));
+        assert_eq!(status, 400, "{method} {path} {body}: {answer}");
+        let message = answer["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("null") && message.contains("leave an optional field out"),
+            "{method} {path} {body}: {answer}"
+        );
+    }
+    assert_eq!(
+        api.get("/jobs").1,
+        before,
+        "a refused request changed something"
+    );
+}
+
+#[test]
+fn the_document_says_what_the_server_takes() {
+    let server = Server::start();
+    let api = server.api();
+    let (_, doc) = api.get("/openapi.json");
+    let id_schema = &doc["components"]["parameters"]["JobIdPath"]["schema"];
+    assert_eq!(id_schema["type"], "integer", "{id_schema}");
+    assert_eq!(id_schema["minimum"], 1, "{id_schema}");
+    // So 0 is outside it, and refused.
+    assert_error(api.get("/jobs/0"), 400, "malformed_job_id");
+
+    // An empty state filter means any state, as documented.
+    let params = doc["paths"]["/jobs"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let state = params.iter().find(|p| p["name"] == "state").unwrap();
+    assert!(
+        state["schema"]["enum"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("")),
+        "{state}"
+    );
+    api.create(serde_json::json!({"name": "Any"}));
+    let (status, answer) = api.get("/jobs?state=");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["jobs"].as_array().map(Vec::len), Some(1), "{answer}");
+
+    // priority and jobPriority are one field: the document allows either,
+    // not both, and the server refuses both.
+    let create = &doc["components"]["schemas"]["CreateJob"];
+    assert_eq!(
+        create["not"]["required"],
+        serde_json::json!(["priority", "jobPriority"]),
+        "{create}"
+    );
+    let (status, answer) = api.post(
+        "/jobs",
+        serde_json::json!({"name": "Both", "priority": 0, "jobPriority": 0}),
+    );
+    assert_eq!(status, 400, "{answer}");
+}
+
+#[test]
+fn times_are_written_in_the_documented_form_or_refused() {
+    let server = Server::start();
+    let api = server.api();
+    // A retry so far off that no time can be written used to come out as
+    // the year -262143, as if long due; now it is refused.
+    let id = api.create(serde_json::json!({"name": "Far"}));
+    api.take("Far");
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/retry"),
+        serde_json::json!({"delay": 9_000_000_000_000_000i64}),
+    );
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (400, Some("malformed_delay")),
+        "{answer}"
+    );
+    assert_eq!(
+        api.state(id).as_deref(),
+        Some("RUNNING"),
+        "changed by a refused retry"
+    );
+    // The last second the form can write is fine.
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/retry"),
+        serde_json::json!({"nextRun": "9999-12-31 23:59:59"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    // Years the form cannot write are refused, not written as "+10000-…".
+    for time in ["+10000-01-01 00:00:00", "-0001-01-01 00:00:00"] {
+        let (status, answer) = api.post(
+            "/jobs",
+            serde_json::json!({"name": "Odd", "firstRun": time}),
+        );
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (400, Some("malformed_first_run")),
+            "{time}: {answer}"
+        );
+    }
+    let (_, doc) = api.get("/openapi.json");
+    let pattern = doc["components"]["schemas"]["WrittenTime"]["pattern"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, list) = api.get("/jobs");
+    for job in list["jobs"].as_array().unwrap() {
+        for key in ["nextRun", "created"] {
+            let text = job[key].as_str().unwrap();
+            let digits = text.bytes().filter(u8::is_ascii_digit).count();
+            assert!(
+                text.len() >= 19 && text.as_bytes()[4] == b'-' && (digits == 14 || digits == 17),
+                "{key} {text:?} does not match {pattern}"
+            );
+        }
+    }
+}

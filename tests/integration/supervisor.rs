@@ -715,8 +715,10 @@ fn a_gigabyte_of_output_does_not_deadlock() {
     );
     let sup = Supervisor::builder(&server.url)
         .worker("Firehose", &script)
+        .worker("Next", &sh("cat > /dev/null"))
         .args(&["--output-cap", "1KiB", "--max-attempts", "1"])
         .start();
+    let baseline = status_kib(sup.pid(), "VmHWM");
     let id = api.create(json!({"name": "Firehose"}));
     let job = wait_for("the 1 GB job to fail", &sup, || {
         let job = api.job(id);
@@ -738,6 +740,11 @@ fn a_gigabyte_of_output_does_not_deadlock() {
         "tail lost: {:?}",
         &stdout[stdout.len().saturating_sub(50)..]
     );
+    // Read through a 1 KiB cap, a gigabyte costs the supervisor no memory.
+    assert_peak_rss_within(sup.pid(), baseline, 64, "1 GB of output");
+    // And it goes on serving.
+    let next = api.create(json!({"name": "Next"}));
+    wait_gone(&api, &sup, next);
 }
 
 #[test]

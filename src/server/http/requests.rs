@@ -26,6 +26,22 @@ fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<V
     Value::deserialize(deserializer).map(Some)
 }
 
+/// Reads an optional field that, when present, must hold a value: `null`
+/// is refused rather than taken for "not given", as the API document says
+/// (an optional field is left out, not sent as null).
+fn given<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    match Option::<T>::deserialize(deserializer)? {
+        Some(value) => Ok(Some(value)),
+        None => Err(serde::de::Error::custom(
+            "null where a value is expected; leave an optional field out instead",
+        )),
+    }
+}
+
 fn data(value: Option<Value>) -> Result<Option<Data>, JobError> {
     value.map(check_data).transpose()
 }
@@ -52,17 +68,23 @@ fn repeat(value: Option<String>) -> Result<Option<Repeat>, JobError> {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CreateJobRequest {
+    #[serde(default, deserialize_with = "given")]
     name: Option<String>,
     #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
+    #[serde(default, deserialize_with = "given")]
     first_run: Option<String>,
+    #[serde(default, deserialize_with = "given")]
     repeat: Option<String>,
-    #[serde(alias = "jobPriority")]
+    #[serde(alias = "jobPriority", default, deserialize_with = "given")]
     priority: Option<i64>,
+    #[serde(default, deserialize_with = "given")]
     unique: Option<bool>,
+    #[serde(default, deserialize_with = "given")]
     overwrite: Option<bool>,
-    #[serde(rename = "parentJobID")]
+    #[serde(rename = "parentJobID", default, deserialize_with = "given")]
     parent_job_id: Option<i64>,
+    #[serde(default, deserialize_with = "given")]
     retry_after: Option<String>,
 }
 
@@ -105,11 +127,15 @@ pub struct CreateJobsRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DequeueRequest {
+    #[serde(default, deserialize_with = "given")]
     name: Option<String>,
+    #[serde(default, deserialize_with = "given")]
     num_results: Option<u64>,
+    #[serde(default, deserialize_with = "given")]
     wait_ms: Option<u64>,
+    #[serde(default, deserialize_with = "given")]
     lease_ms: Option<u64>,
-    #[serde(alias = "jobPriority")]
+    #[serde(alias = "jobPriority", default, deserialize_with = "given")]
     priority: Option<i64>,
 }
 
@@ -150,11 +176,15 @@ impl DequeueRequest {
 pub struct UpdateJobRequest {
     #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
+    #[serde(default, deserialize_with = "given")]
     repeat: Option<String>,
-    #[serde(alias = "jobPriority")]
+    #[serde(alias = "jobPriority", default, deserialize_with = "given")]
     priority: Option<i64>,
+    #[serde(default, deserialize_with = "given")]
     next_run: Option<String>,
+    #[serde(default, deserialize_with = "given")]
     clear_repeat: Option<bool>,
+    #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
 }
 
@@ -179,6 +209,7 @@ impl UpdateJobRequest {
 pub struct FinishJobRequest {
     #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
+    #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
 }
 
@@ -199,6 +230,7 @@ impl FinishJobRequest {
 pub struct FailJobRequest {
     #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
+    #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
 }
 
@@ -219,12 +251,17 @@ impl FailJobRequest {
 pub struct RetryJobRequest {
     #[serde(default, deserialize_with = "present")]
     data: Option<Value>,
+    #[serde(default, deserialize_with = "given")]
     delay: Option<i64>,
+    #[serde(default, deserialize_with = "given")]
     next_run: Option<String>,
+    #[serde(default, deserialize_with = "given")]
     name: Option<String>,
-    #[serde(alias = "jobPriority")]
+    #[serde(alias = "jobPriority", default, deserialize_with = "given")]
     priority: Option<i64>,
+    #[serde(default, deserialize_with = "given")]
     ignore_repeat: Option<bool>,
+    #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
 }
 
@@ -252,6 +289,7 @@ impl RetryJobRequest {
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
     /// The lease token from the hand-out.
+    #[serde(default, deserialize_with = "given")]
     pub lease: Option<String>,
 }
 
@@ -264,8 +302,9 @@ pub struct EmptyRequest {}
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequeueRequest {
-    #[serde(rename = "jobIDs")]
+    #[serde(rename = "jobIDs", default, deserialize_with = "given")]
     job_ids: Option<Vec<i64>>,
+    #[serde(default, deserialize_with = "given")]
     name: Option<String>,
 }
 

@@ -371,9 +371,17 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         (Report::Retry(retry), None) => Some(match retry.next_run {
             Some(at) => at,
             None if retry.delay_secs < 0 => return Err(JobError::NegativeDelay),
-            None => now
-                .whole_second()
-                .plus_millis(retry.delay_secs.saturating_mul(1000)),
+            None => {
+                let at = now
+                    .whole_second()
+                    .plus_millis(retry.delay_secs.saturating_mul(1000));
+                // Beyond that, no time can be written (it came out as the
+                // year -262143, as if long due).
+                if at > Timestamp::LATEST {
+                    return Err(JobError::Malformed("delay"));
+                }
+                at
+            }
         }),
         (Report::Finish(_), None) => None,
     };

@@ -422,6 +422,30 @@ pub fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`, …), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Asserts that the peak resident set size of `pid` (its `VmHWM`, which
+/// the kernel keeps, so no sampling misses a spike) stayed within
+/// `allowance_mib` of `baseline_kib`, its peak before the test's load.
+#[track_caller]
+pub fn assert_peak_rss_within(pid: u32, baseline_kib: u64, allowance_mib: u64, what: &str) {
+    let peak = status_kib(pid, "VmHWM");
+    assert!(
+        peak <= baseline_kib + allowance_mib * 1024,
+        "{what}: the supervisor's peak RSS was {peak} KiB, more than {allowance_mib} MiB over \
+         its peak of {baseline_kib} KiB before"
+    );
+}
+
 /// Runs `jobmgr job …` against a server; returns (exit code, stdout, stderr).
 pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
     let output = Command::new(bin())
