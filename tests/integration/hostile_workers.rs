@@ -1,4 +1,4 @@
-//! Hostile workers (issue 9): each misbehaviour ends in a clear outcome on
+//! Hostile workers: each misbehaviour ends in a clear outcome on
 //! its job, and the supervisor stays healthy, bounded in memory, and goes on
 //! serving: after each hostile job, a normal job queued behind it finishes.
 //!
