@@ -505,8 +505,15 @@ fn private_tmp_gives_each_worker_its_own_tmp() {
     std::fs::write(&outside, "host").unwrap();
     // The supervisor's files must not live under /tmp, which workers no
     // longer see.
-    let builder = Supervisor::builder_in(&server.url, Path::new(env!("CARGO_TARGET_TMPDIR")))
-        .user(Some("nobody"));
+    // A checkout under /tmp has its target directory there too: then use
+    // /var/tmp.
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let parent = if target.starts_with("/tmp") {
+        Path::new("/var/tmp")
+    } else {
+        target
+    };
+    let builder = Supervisor::builder_in(&server.url, parent).user(Some("nobody"));
     std::fs::set_permissions(builder.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let _sup = builder
         .worker(
