@@ -158,12 +158,12 @@ fn a_worker_that_sleeps_forever_keeps_its_lease_until_its_timeout() {
         r#"echo $$ >> '{o}/runs'
 exec sleep 2147483647"#
     ));
-    // A lease of 1s, renewed while it sleeps: the timeout ends it, not a
+    // A lease of 2s, renewed while it sleeps: the timeout ends it, not a
     // lapsed lease (which would hand the job out again).
     let sup = Supervisor::builder(&server.url)
         .worker("Sleeper", &script)
         .worker("Normal", NORMAL)
-        .args_of(&["--timeout", "3s", "--lease", "1s", "--max-attempts", "1"])
+        .args_of(&["--timeout", "5s", "--lease", "2s", "--max-attempts", "1"])
         .start();
     let id = api.create(json!({"name": "Sleeper"}));
     wait_file(&sup, &out.path().join("runs"));
