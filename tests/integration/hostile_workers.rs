@@ -25,6 +25,10 @@
 //! | worker file is a directory (or a FIFO, a dangling link) | here, `a_worker_file_that_is_not_a_regular_file_is_refused` |
 //! | a worker that cannot start              | edges.rs `a_worker_that_cannot_start_fails_with_the_reason`               |
 //! | fails with data near the 1 MiB cap      | here, `a_failure_of_a_job_with_data_near_the_cap_is_still_reported`       |
+//!
+//! The sandbox.rs tests need root and cgroups (CI has both) and say SKIPPED
+//! on stderr without them; without cgroups, edges.rs checks the report of a
+//! setsid grandchild but cannot check its death.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
