@@ -316,8 +316,9 @@ async fn read_progress(
             .await;
         match read {
             Ok(0) | Err(_) => return,
-            Ok(_) if line.len() > MAX_PROGRESS_LINE => {
-                if line.last() != Some(&b'\n') && !skip_line(&mut reader).await {
+            // No newline within the limit: skip the rest of the line.
+            Ok(_) if line.len() > MAX_PROGRESS_LINE && line.last() != Some(&b'\n') => {
+                if !skip_line(&mut reader).await {
                     return;
                 }
                 if !warned_long {
@@ -380,13 +381,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_line_of_exactly_the_limit_does_not_swallow_the_next() {
-        // MAX_PROGRESS_LINE bytes and its newline: over the limit with the
-        // newline, and already whole.
-        let mut bytes = vec![b' '; MAX_PROGRESS_LINE];
-        bytes.extend_from_slice(b"\n{\"next\":2}\n");
+        // MAX_PROGRESS_LINE bytes and its newline: read whole, and the
+        // line after it too.
+        let mut bytes = b"{\"fill\":\"".to_vec();
+        bytes.resize(MAX_PROGRESS_LINE - 2, b'x');
+        bytes.extend_from_slice(b"\"}\n{\"next\":2}\n");
         let got = progress_of(bytes).await;
-        assert_eq!(got.len(), 1, "{got:?}");
-        assert_eq!(got[0]["next"], 2);
+        assert_eq!(
+            got.len(),
+            2,
+            "{:?}",
+            got.iter().map(|o| o.len()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            got[0]["fill"].as_str().map(str::len),
+            Some(MAX_PROGRESS_LINE - 11)
+        );
+        assert_eq!(got[1]["next"], 2);
     }
 
     #[tokio::test]
