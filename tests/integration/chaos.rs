@@ -34,7 +34,7 @@ use crate::common::*;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -93,16 +93,7 @@ fn spawn_ready(mut command: Command, stderr: &Path) -> Result<(Child, String), S
         .stderr(log)
         .stdin(Stdio::null());
     let mut child = command.spawn().expect("spawn jobmgr");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        for _ in lines {}
-    });
-    match rx.recv_timeout(DEADLINE) {
+    match ready_line(&mut child) {
         Ok(line) => Ok((child, line)),
         Err(mpsc::RecvTimeoutError::Disconnected) => {
             let status = wait_child(&mut child, DEADLINE);

@@ -6,11 +6,9 @@
 use crate::common::*;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -181,16 +179,7 @@ fn spawn_ready(mut command: Command, stderr: &Path) -> (Child, String) {
         .stderr(log)
         .stdin(Stdio::null());
     let mut child = command.spawn().expect("spawn jobmgr");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        for _ in lines {}
-    });
-    match rx.recv_timeout(DEADLINE) {
+    match ready_line(&mut child) {
         Ok(line) => (child, line),
         Err(_) => {
             let _ = child.kill();

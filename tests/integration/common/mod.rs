@@ -129,17 +129,7 @@ impl Server {
             command.env(k, v);
         }
         let mut child = command.spawn().expect("spawn jobmgr server");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
-                let _ = tx.send(line);
-            }
-            // Keep draining so the server never blocks on a full pipe.
-            for _ in lines {}
-        });
-        let line = match rx.recv_timeout(DEADLINE) {
+        let line = match ready_line(&mut child) {
             Ok(line) => line,
             Err(_) => {
                 let _ = child.kill();
@@ -234,6 +224,22 @@ impl Drop for Server {
         self.kill9();
         let _ = std::fs::remove_file(&self.stderr_path);
     }
+}
+
+/// The first line a `jobmgr` process prints on its piped stdout (its ready
+/// line), waiting up to [`DEADLINE`]; the rest of stdout is drained so that
+/// the process never blocks on a full pipe.
+pub fn ready_line(child: &mut Child) -> Result<String, mpsc::RecvTimeoutError> {
+    let stdout = child.stdout.take().expect("stdout piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    rx.recv_timeout(DEADLINE)
 }
 
 /// Waits for a child with a deadline.
