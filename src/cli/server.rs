@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::CliError;
 use crate::server::bedrock::{self, DEFAULT_BEDROCK_ADDR};
+use crate::server::ledger::Retention;
 use crate::server::queue::QueueConfig;
 use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig};
 
@@ -48,6 +49,36 @@ pub struct ServerArgs {
     /// Lapsed leases after which a job is FAILED instead of queued again.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
     pub max_lapses: i64,
+    /// Ended jobs (archived, and FAILED ones still queued) and attempts are kept this long.
+    #[arg(long, value_name = "DURATION", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub history_max_age: Duration,
+    /// At most this many ended jobs are kept; the oldest are purged first.
+    #[arg(long, value_name = "N", default_value_t = 50_000)]
+    pub history_max_count: u64,
+    /// Hourly statistics are kept this long.
+    #[arg(long, value_name = "DURATION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub stats_max_age: Duration,
+    /// The wait and run histograms of hourly statistics are kept this long.
+    #[arg(long, value_name = "DURATION", default_value = "7days", value_parser = humantime::parse_duration)]
+    pub histogram_max_age: Duration,
+    /// A supervisor not seen (dequeue, heartbeat, report) for this long is shown as gone.
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub worker_gone_after: Duration,
+    /// How often history past its retention is purged.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_positive_duration)]
+    pub purge_every: Duration,
+    /// Read the time from this file (milliseconds since the epoch, or
+    /// `YYYY-MM-DD HH:MM:SS`) instead of the system clock. For tests.
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub clock_file: Option<PathBuf>,
+}
+
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d >= Duration::from_secs(1) => Ok(d),
+        Ok(_) => Err("must be at least 1s".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -61,6 +92,14 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         queue: QueueConfig {
             default_lease_ms: lease_ms,
             max_lapses: args.max_lapses,
+            retention: Retention {
+                history_max_age: args.history_max_age,
+                history_max_count: args.history_max_count,
+                stats_max_age: args.stats_max_age,
+                histogram_max_age: args.histogram_max_age,
+                worker_gone_after: args.worker_gone_after,
+                purge_every: args.purge_every,
+            },
         },
         bedrock_limits: bedrock::Limits {
             max_connections: args.bedrock_max_connections.max(1),
@@ -68,6 +107,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
             request_timeout: args.bedrock_request_timeout,
             ..bedrock::Limits::default()
         },
+        clock_file: args.clock_file,
     };
     let signals = super::signals::Signals::register().map_err(server::ServerError::Serve)?;
     let http = server::bind(&args.http).await?;

@@ -70,6 +70,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 token: token.clone(),
                 queue: QueueConfig::default(),
                 bedrock_limits: bedrock::Limits::default(),
+                clock_file: None,
             };
             let http_addr = options
                 .http

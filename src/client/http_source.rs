@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::source::{JobSource, LeasedJob, Report, SourceError};
 use super::{ClientError, HttpClient};
-use crate::protocol::{CreateJob, Data, JobId};
+use crate::protocol::{CreateJob, Data, JobId, WorkerInfo};
 use crate::server::store::BoxFuture;
 
 /// A job server reached over HTTP.
@@ -39,6 +39,48 @@ fn source_error(error: ClientError) -> SourceError {
     }
 }
 
+impl HttpSource {
+    async fn dequeue(
+        &self,
+        pattern: &str,
+        count: usize,
+        wait: Duration,
+        lease: Duration,
+        worker: Option<&WorkerInfo>,
+    ) -> Result<Vec<LeasedJob>, SourceError> {
+        let mut body = json!({
+            "name": pattern,
+            "numResults": count.max(1),
+            "waitMs": wait.as_millis() as u64,
+            "leaseMs": lease.as_millis() as u64,
+        });
+        if let Some(worker) = worker {
+            body["worker"] = json!(worker);
+        }
+        let answer = self
+            .client
+            .call(
+                Method::POST,
+                "/dequeue",
+                Some(&body),
+                wait + Duration::from_secs(30),
+            )
+            .await
+            .map_err(source_error)?;
+        let jobs = answer["jobs"].as_array().ok_or_else(|| {
+            SourceError::Protocol(format!("dequeue answer without jobs: {answer}"))
+        })?;
+        jobs.iter()
+            .map(|job| match job {
+                Value::Object(map) => LeasedJob::from_handout(map.clone()),
+                other => Err(SourceError::Protocol(format!(
+                    "job is not an object: {other}"
+                ))),
+            })
+            .collect()
+    }
+}
+
 impl JobSource for HttpSource {
     fn get_jobs<'a>(
         &'a self,
@@ -47,34 +89,28 @@ impl JobSource for HttpSource {
         wait: Duration,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
+        Box::pin(self.dequeue(pattern, count, wait, lease, None))
+    }
+
+    fn get_jobs_as<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: usize,
+        wait: Duration,
+        lease: Duration,
+        worker: &'a WorkerInfo,
+    ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
+        Box::pin(self.dequeue(pattern, count, wait, lease, Some(worker)))
+    }
+
+    fn announce<'a>(&'a self, worker: &'a WorkerInfo) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
-            let body = json!({
-                "name": pattern,
-                "numResults": count.max(1),
-                "waitMs": wait.as_millis() as u64,
-                "leaseMs": lease.as_millis() as u64,
-            });
-            let answer = self
-                .client
-                .call(
-                    Method::POST,
-                    "/dequeue",
-                    Some(&body),
-                    wait + Duration::from_secs(30),
-                )
+            let body = json!({ "worker": worker });
+            self.client
+                .quick(Method::POST, "/workers", Some(&body))
                 .await
                 .map_err(source_error)?;
-            let jobs = answer["jobs"].as_array().ok_or_else(|| {
-                SourceError::Protocol(format!("dequeue answer without jobs: {answer}"))
-            })?;
-            jobs.iter()
-                .map(|job| match job {
-                    Value::Object(map) => LeasedJob::from_handout(map.clone()),
-                    other => Err(SourceError::Protocol(format!(
-                        "job is not an object: {other}"
-                    ))),
-                })
-                .collect()
+            Ok(())
         })
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::source::{JobSource, LeasedJob, Report, SourceError};
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
-    RetryJob, UpdateJob,
+    RetryJob, UpdateJob, WorkerInfo,
 };
 use crate::server::queue::Queue;
 use crate::server::store::BoxFuture;
@@ -32,6 +32,32 @@ fn source_error(error: JobError) -> SourceError {
     }
 }
 
+impl LocalSource {
+    async fn fetch(
+        &self,
+        pattern: &str,
+        count: usize,
+        wait: Duration,
+        lease: Duration,
+        worker: Option<WorkerInfo>,
+    ) -> Result<Vec<LeasedJob>, SourceError> {
+        let pattern = NamePattern::parse(pattern).map_err(source_error)?;
+        let cmd = GetJobs {
+            pattern,
+            num_results: count.max(1),
+            priority: None,
+            lease: LeaseTerm::Millis(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
+            worker,
+        };
+        let wait = (!wait.is_zero()).then_some(wait);
+        let handouts = self.queue.get_jobs(cmd, wait).await.map_err(source_error)?;
+        handouts
+            .into_iter()
+            .map(|h| LeasedJob::from_handout(h.leased_json()))
+            .collect()
+    }
+}
+
 impl JobSource for LocalSource {
     fn get_jobs<'a>(
         &'a self,
@@ -40,20 +66,26 @@ impl JobSource for LocalSource {
         wait: Duration,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
+        Box::pin(self.fetch(pattern, count, wait, lease, None))
+    }
+
+    fn get_jobs_as<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: usize,
+        wait: Duration,
+        lease: Duration,
+        worker: &'a WorkerInfo,
+    ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
+        Box::pin(self.fetch(pattern, count, wait, lease, Some(worker.clone())))
+    }
+
+    fn announce<'a>(&'a self, worker: &'a WorkerInfo) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
-            let pattern = NamePattern::parse(pattern).map_err(source_error)?;
-            let cmd = GetJobs {
-                pattern,
-                num_results: count.max(1),
-                priority: None,
-                lease: LeaseTerm::Millis(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
-            };
-            let wait = (!wait.is_zero()).then_some(wait);
-            let handouts = self.queue.get_jobs(cmd, wait).await.map_err(source_error)?;
-            handouts
-                .into_iter()
-                .map(|h| LeasedJob::from_handout(h.leased_json()))
-                .collect()
+            self.queue
+                .see_worker(worker.clone())
+                .await
+                .map_err(source_error)
         })
     }
 

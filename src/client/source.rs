@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::protocol::{CreateJob, Data, JobId};
+use crate::protocol::{CreateJob, Data, JobId, WorkerInfo};
 use crate::server::store::BoxFuture;
 
 /// A job handed to this supervisor.
@@ -170,6 +170,29 @@ pub trait JobSource: Send + Sync {
         wait: Duration,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>>;
+
+    /// As [`JobSource::get_jobs`], saying which supervisor asks, so that
+    /// the server can keep its worker registry. Servers that keep none
+    /// (Bedrock) are asked as by `get_jobs`.
+    fn get_jobs_as<'a>(
+        &'a self,
+        pattern: &'a str,
+        count: usize,
+        wait: Duration,
+        lease: Duration,
+        worker: &'a WorkerInfo,
+    ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
+        let _ = worker;
+        self.get_jobs(pattern, count, wait, lease)
+    }
+
+    /// Tells the server the supervisor is alive without asking for jobs
+    /// (while its gate is closed). Does nothing where the server keeps no
+    /// worker registry.
+    fn announce<'a>(&'a self, worker: &'a WorkerInfo) -> BoxFuture<'a, Result<(), SourceError>> {
+        let _ = worker;
+        Box::pin(async { Ok(()) })
+    }
 
     /// Renews a job's lease. `Ok(())` also when the server has no leases.
     fn heartbeat<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>>;

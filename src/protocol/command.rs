@@ -99,6 +99,8 @@ pub struct GetJobs {
     pub priority: Option<Priority>,
     /// The lease the hand-out carries.
     pub lease: LeaseTerm,
+    /// The supervisor asking, when it says who it is.
+    pub worker: Option<super::WorkerInfo>,
 }
 
 /// UpdateJob.

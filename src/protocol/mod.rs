@@ -9,6 +9,7 @@ pub mod pattern;
 pub mod repeat;
 pub mod time;
 pub mod view;
+pub mod worker;
 
 pub use command::*;
 pub use error::JobError;
@@ -16,6 +17,7 @@ pub use job::{Job, JobId, JobState, Lease, Priority};
 pub use pattern::NamePattern;
 pub use repeat::{Modifier, Repeat, RepeatBase};
 pub use time::Timestamp;
+pub use worker::WorkerInfo;
 
 /// The longest job name accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;

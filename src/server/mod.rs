@@ -5,6 +5,7 @@
 pub mod bedrock;
 pub mod calendar;
 pub mod http;
+pub mod ledger;
 pub mod queue;
 pub mod store;
 
@@ -36,6 +37,9 @@ pub struct ServerConfig {
     pub queue: QueueConfig,
     /// Bounds on Bedrock-port clients.
     pub bedrock_limits: bedrock::Limits,
+    /// Read the time from this file instead of the system clock (for tests
+    /// that script timings; see [`queue::FileClock`]).
+    pub clock_file: Option<PathBuf>,
 }
 
 /// Why the server could not start or stopped.
@@ -126,7 +130,14 @@ impl Server {
     /// Opens the store and starts the queue.
     pub fn start(config: &ServerConfig) -> Result<Self, ServerError> {
         let store = Arc::new(SqliteStore::open(&config.db)?);
-        let queue = Queue::start(store.clone(), config.queue);
+        let clock: Arc<dyn queue::Clock> = match &config.clock_file {
+            Some(path) => {
+                tracing::warn!(path = %path.display(), "reading the time from a file, not the system clock");
+                Arc::new(queue::FileClock::new(path.clone()))
+            }
+            None => Arc::new(queue::SystemClock),
+        };
+        let queue = Queue::start_with_clock(store.clone(), config.queue, clock);
         tracing::info!(db = %config.db.display(), "job store open");
         Ok(Server {
             queue,

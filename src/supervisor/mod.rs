@@ -35,10 +35,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::{JobSource, SourceError};
 use crate::config::ConfigError;
+use crate::protocol::WorkerInfo;
 use gate::{Gate, LoadSource};
 use launcher::Launcher;
 pub use settings::Settings;
 use spool::Spool;
+
+/// How often a supervisor whose gate stays closed tells the server it is
+/// alive (a fetch does so otherwise).
+const PRESENCE_EVERY: Duration = Duration::from_secs(30);
 
 /// What the outside world asks of a running supervisor (signals, mostly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -350,6 +355,14 @@ impl Supervisor {
         let mut last_closed: Option<&'static str> = None;
         let mut backoff = Duration::from_secs(1);
         let mut logged_mode = None;
+        // Who this pool is, for the server's worker registry; the server
+        // hears from it at every fetch, and every PRESENCE_EVERY while the
+        // gate is closed.
+        let mut presence = WorkerInfo::this_process(
+            settings.pool.as_deref(),
+            u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX),
+        );
+        let mut last_presence = Instant::now();
 
         let exit = 'fetching: loop {
             while workers.try_join_next().is_some() {}
@@ -435,6 +448,16 @@ impl Supervisor {
                         }
                         last_closed = Some(closed.name());
                     }
+                    if last_presence.elapsed() >= PRESENCE_EVERY {
+                        last_presence = Instant::now();
+                        presence.running = u32::try_from(workers.len()).unwrap_or(u32::MAX);
+                        presence.capacity =
+                            u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX);
+                        presence.load = sample.map(|s| s.load1);
+                        if let Err(error) = self.source.announce(&presence).await {
+                            tracing::debug!(%error, "could not tell the server this supervisor is alive");
+                        }
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                         Some(_) = workers.join_next(), if !workers.is_empty() => {}
@@ -452,12 +475,17 @@ impl Supervisor {
                 Some(max) => slots.min((max - started) as usize),
                 None => slots,
             };
+            presence.running = u32::try_from(workers.len()).unwrap_or(u32::MAX);
+            presence.capacity = u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX);
+            presence.load = sample.map(|s| s.load1);
+            last_presence = Instant::now();
             let fetched = {
-                let fetch = self.source.get_jobs(
+                let fetch = self.source.get_jobs_as(
                     &settings.job_name,
                     slots,
                     settings.poll_wait,
                     settings.lease,
+                    &presence,
                 );
                 tokio::select! {
                     fetched = fetch => fetched,

@@ -361,6 +361,7 @@ async fn get_jobs(
         num_results,
         priority: params.priority()?,
         lease: LeaseTerm::UntilReported,
+        worker: None,
     };
     let handouts = queue.get_jobs(cmd, wait).await?;
     if handouts.is_empty() {

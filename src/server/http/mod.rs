@@ -4,6 +4,7 @@
 
 mod body;
 mod error;
+mod reports;
 mod requests;
 mod routes;
 
@@ -38,6 +39,14 @@ pub fn router(queue: Queue, token: Option<String>) -> Router {
         .route("/jobs/{id}/cancel", post(routes::cancel))
         .route("/jobs/{id}/heartbeat", post(routes::heartbeat))
         .route("/dequeue", post(routes::dequeue))
+        .route("/jobs/{id}/history", get(reports::history))
+        .route("/stats", get(reports::stats))
+        .route("/workers", get(reports::workers).post(reports::announce))
+        .route("/failures", get(reports::failures))
+        .route("/failures/{group}", get(reports::failure_group))
+        .route("/failures/{group}/retry", post(reports::retry_group))
+        .route("/failures/{group}/delete", post(reports::delete_group))
+        .route("/purge", post(reports::purge))
         .route_layer(middleware::from_fn_with_state(token, require_token))
         .route_layer(middleware::from_fn(count_request));
     Router::new()

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, MAX_NUM_RESULTS,
     NamePattern, Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, Timestamp, UpdateJob,
-    check_data, check_job_id, check_name, parse_time,
+    WorkerInfo, check_data, check_job_id, check_name, parse_time,
 };
 
 /// The longest a dequeue may wait: one hour.
@@ -137,6 +137,8 @@ pub struct DequeueRequest {
     lease_ms: Option<u64>,
     #[serde(alias = "jobPriority", default, deserialize_with = "given")]
     priority: Option<i64>,
+    #[serde(default, deserialize_with = "given")]
+    worker: Option<WorkerInfo>,
 }
 
 impl DequeueRequest {
@@ -165,6 +167,7 @@ impl DequeueRequest {
             num_results,
             priority: priority(self.priority)?,
             lease: LeaseTerm::Millis(lease_ms),
+            worker: self.worker.map(|w| w.check().map(|()| w)).transpose()?,
         };
         Ok((cmd, wait))
     }

@@ -3,6 +3,8 @@
 //! for jobs due later, by one timer set to the earliest such moment. Leases
 //! lapse on the same timer.
 
+mod clock;
+pub mod reports;
 mod rules;
 mod scheduler;
 mod tracked;
@@ -20,27 +22,14 @@ use crate::protocol::{
     CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, Priority, RequeueJobs,
     RetryJob, Timestamp, UpdateJob,
 };
+use crate::server::ledger::Retention;
 use crate::server::store::{ListQuery, Store};
 
+pub use clock::{Clock, FileClock, SystemClock};
+pub use reports::{History, WorkerView};
 pub use rules::{MAX_RETRY_AFTER_HANDOUTS, new_token};
 pub use tracked::{Changes, Tracked};
 pub use waiters::{Ticket, Waiters};
-
-/// Where the queue reads the time. Tests may substitute their own.
-pub trait Clock: Send + Sync {
-    /// The current time.
-    fn now(&self) -> Timestamp;
-}
-
-/// The system's wall clock.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::now()
-    }
-}
 
 /// Settings of the queue.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +39,8 @@ pub struct QueueConfig {
     pub default_lease_ms: i64,
     /// Lapsed leases after which a job is FAILED rather than queued again.
     pub max_lapses: i64,
+    /// What the ledger keeps, and for how long.
+    pub retention: Retention,
 }
 
 impl Default for QueueConfig {
@@ -57,6 +48,7 @@ impl Default for QueueConfig {
         QueueConfig {
             default_lease_ms: 5 * 60 * 1000,
             max_lapses: 10,
+            retention: Retention::default(),
         }
     }
 }
@@ -151,6 +143,7 @@ impl Queue {
             }),
         };
         tokio::spawn(scheduler::run(queue.clone()));
+        tokio::spawn(reports::purge_periodically(queue.clone()));
         queue
     }
 

@@ -12,6 +12,7 @@ use crate::protocol::{
     Repeat, RepeatBase, RequeueJobs, RetryAfter, RetryJob, Timestamp, UpdateJob, check_name,
 };
 use crate::server::calendar;
+use crate::server::ledger::record::{self, Leaves};
 
 /// Hand-outs of a `retryAfter` job without a report after which it fails.
 pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
@@ -110,7 +111,9 @@ pub fn create(tx: &mut Tracked, cmd: &CreateJob) -> Result<JobId, JobError> {
         attempts: 0,
         lapses: 0,
     };
-    tx.insert(&job)
+    let id = tx.insert(&job)?;
+    record::created(tx, &job.name)?;
+    Ok(id)
 }
 
 /// Data equality for `unique`, ignoring Bedrock's bookkeeping keys.
@@ -137,6 +140,7 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
             job.state = JobState::Failed;
             job.lease = None;
             tx.update(&job)?;
+            record::no_report(tx, &job)?;
             continue;
         }
 
@@ -194,6 +198,7 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
             });
         }
         tx.update(&job)?;
+        record::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref())?;
         let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
         let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
         handed.push(HandOut {
@@ -233,6 +238,7 @@ pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usiz
             .is_some_and(|l| l.token == handout.lease_token);
         if still_ours {
             tx.update(&handout.job)?;
+            record::undelivered(tx, handout.job.id)?;
             returned += 1;
         }
     }
@@ -292,6 +298,10 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         Report::Finish(f) => (f.id, &f.data, f.lease.as_deref()),
         Report::Retry(r) => (r.id, &r.data, r.lease.as_deref()),
     };
+    let outcome = match report {
+        Report::Finish(_) => "finished",
+        Report::Retry(_) => "retried",
+    };
     let mut job = tx.existing(id)?;
     check_lease(&job, lease)?;
     if !job.state.is_held() {
@@ -340,7 +350,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
                 tx.update(&child)?;
             }
         }
-        return Ok(());
+        return record::reported(tx, &job, outcome, data.as_ref(), Leaves::Stays);
     }
 
     let mut ignore_repeat = false;
@@ -396,18 +406,21 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         }
         job.state = JobState::Queued;
         job.next_run = next;
-        return tx.update(&job);
+        tx.update(&job)?;
+        return record::reported(tx, &job, outcome, data.as_ref(), Leaves::Stays);
     }
 
     if job.is_child() {
         job.state = JobState::Finished;
         tx.update(&job)?;
+        record::reported(tx, &job, outcome, data.as_ref(), Leaves::Finished)?;
         resume_parent_if_done(tx, job.parent_id, &PENDING_CHILD)?;
         return Ok(());
     }
     if !tx.children(id)?.is_empty() {
         return Err(JobError::OutstandingChildren);
     }
+    record::reported(tx, &job, outcome, data.as_ref(), Leaves::Finished)?;
     tx.delete(id)
 }
 
@@ -445,7 +458,8 @@ pub fn fail(tx: &mut Tracked, cmd: &FailJob) -> Result<(), JobError> {
     }
     job.state = JobState::Failed;
     job.lease = None;
-    tx.update(&job)
+    tx.update(&job)?;
+    record::reported(tx, &job, "failed", cmd.data.as_ref(), Leaves::Failed)
 }
 
 /// UpdateJob: new data, and optionally a new repeat, priority or next run.
@@ -490,8 +504,10 @@ pub fn delete(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
     }
     for child in tx.children(id)? {
         tx.delete(child.id)?;
+        tx.store().ledger().clear_failure(child.id)?;
     }
     tx.delete(id)?;
+    tx.store().ledger().clear_failure(id)?;
     // A paused parent whose last pending child is deleted runs again.
     if job.is_child() {
         resume_parent_if_done(tx, job.parent_id, &PENDING_CHILD)?;
@@ -541,6 +557,7 @@ pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
             job.name = name.clone();
         }
         tx.update(&job)?;
+        tx.store().ledger().clear_failure(id)?;
         requeued += 1;
     }
     Ok(requeued)
@@ -573,6 +590,7 @@ pub fn heartbeat(
         ..lease
     });
     tx.update(&job)?;
+    record::heartbeat(tx, id)?;
     Ok(Some(expires))
 }
 
@@ -621,6 +639,37 @@ pub fn expire_leases(
             requeued.push(job.id);
         }
         tx.update(&job)?;
+        record::lapsed(tx, &job, job.state == JobState::Failed)?;
     }
     Ok((requeued, failed))
+}
+
+/// Queues again up to `count` FAILED jobs of a failure group, earliest
+/// failure first, as new: due now, with their attempts and lapses counted
+/// afresh. Returns their ids.
+pub fn retry_failed(tx: &mut Tracked, group: &str, count: usize) -> Result<Vec<JobId>, JobError> {
+    let now = tx.now;
+    let ids = tx.store().ledger().failed_in_group(group, count)?;
+    for &id in &ids {
+        let mut job = tx.existing(id)?;
+        job.state = JobState::Queued;
+        job.next_run = now;
+        job.attempts = 0;
+        job.lapses = 0;
+        job.lease = None;
+        job.data.remove(RETRY_AFTER_COUNT);
+        tx.update(&job)?;
+        tx.store().ledger().clear_failure(id)?;
+    }
+    Ok(ids)
+}
+
+/// Deletes up to `count` FAILED jobs of a failure group, earliest failure
+/// first (their archive entries stay until purged). Returns their ids.
+pub fn delete_failed(tx: &mut Tracked, group: &str, count: usize) -> Result<Vec<JobId>, JobError> {
+    let ids = tx.store().ledger().failed_in_group(group, count)?;
+    for &id in &ids {
+        delete(tx, id)?;
+    }
+    Ok(ids)
 }

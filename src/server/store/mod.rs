@@ -6,8 +6,12 @@
 //! transaction is durably committed. An operation that returns an error
 //! leaves nothing behind.
 
+mod ledger;
 mod schema;
 mod sqlite;
+mod sqlite_ledger;
+
+pub use ledger::{LedgerTx, PurgeLimits};
 
 pub use sqlite::SqliteStore;
 
@@ -76,6 +80,8 @@ pub trait StoreTx {
     fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError>;
     /// How many jobs are in each state.
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError>;
+    /// The ledger, in the same transaction.
+    fn ledger(&mut self) -> &mut dyn LedgerTx;
 }
 
 /// Called once a write operation's transaction has ended: with `None` when it

@@ -32,6 +32,70 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX jobs_name   ON jobs (name);
     CREATE INDEX jobs_parent ON jobs (parent_id, state)   WHERE parent_id != 0;
     CREATE INDEX jobs_lease  ON jobs (lease_expires)      WHERE state = 'RUNNING' AND lease_expires IS NOT NULL;",
+    // 2: the ledger: attempts, the archive, failure groups, hourly
+    // statistics and the worker registry.
+    "CREATE TABLE attempts (
+        attempt_id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id     INTEGER NOT NULL,
+        name       TEXT    NOT NULL,
+        attempt    INTEGER NOT NULL,
+        worker     TEXT,
+        due        INTEGER NOT NULL,
+        started    INTEGER NOT NULL,
+        ended      INTEGER,
+        outcome    TEXT,
+        failure    TEXT,
+        exit_code  INTEGER,
+        signal     TEXT,
+        stdout     TEXT,
+        stderr     TEXT
+    );
+    CREATE INDEX attempts_job    ON attempts (job_id, attempt_id);
+    CREATE INDEX attempts_worker ON attempts (worker, started) WHERE worker IS NOT NULL;
+    CREATE INDEX attempts_ended  ON attempts (ended)           WHERE ended IS NOT NULL;
+    CREATE TABLE archive (
+        job_id   INTEGER PRIMARY KEY,
+        name     TEXT    NOT NULL,
+        state    TEXT    NOT NULL,
+        data     TEXT    NOT NULL,
+        created  INTEGER NOT NULL,
+        ended    INTEGER NOT NULL,
+        attempts INTEGER NOT NULL,
+        failure  TEXT
+    );
+    CREATE INDEX archive_ended ON archive (ended, job_id);
+    CREATE TABLE failures (
+        job_id INTEGER PRIMARY KEY,
+        grp    TEXT    NOT NULL,
+        at     INTEGER NOT NULL
+    );
+    CREATE INDEX failures_group ON failures (grp, at);
+    CREATE TABLE stats (
+        name           TEXT    NOT NULL,
+        hour           INTEGER NOT NULL,
+        added          INTEGER NOT NULL DEFAULT 0,
+        started        INTEGER NOT NULL DEFAULT 0,
+        finished       INTEGER NOT NULL DEFAULT 0,
+        failed         INTEGER NOT NULL DEFAULT 0,
+        retried        INTEGER NOT NULL DEFAULT 0,
+        wait           TEXT,
+        run            TEXT,
+        service        TEXT,
+        wait_histogram TEXT,
+        run_histogram  TEXT,
+        PRIMARY KEY (name, hour)
+    ) WITHOUT ROWID;
+    CREATE INDEX stats_hour ON stats (hour);
+    CREATE TABLE workers (
+        worker     TEXT    PRIMARY KEY,
+        host       TEXT    NOT NULL,
+        pid        INTEGER NOT NULL,
+        capacity   INTEGER NOT NULL,
+        running    INTEGER NOT NULL,
+        load       REAL,
+        first_seen INTEGER NOT NULL,
+        last_seen  INTEGER NOT NULL
+    ) WITHOUT ROWID;",
 ];
 
 /// The schema version this build writes.

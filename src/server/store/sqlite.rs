@@ -300,12 +300,12 @@ fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<W
     }
 }
 
-fn store_error(error: rusqlite::Error) -> JobError {
+pub(super) fn store_error(error: rusqlite::Error) -> JobError {
     JobError::Store(error.to_string())
 }
 
 /// A transaction that refuses everything, for operations that cannot run.
-struct FailingTx(JobError);
+pub(super) struct FailingTx(pub(super) JobError);
 
 impl StoreTx for FailingTx {
     fn insert(&mut self, _: &Job) -> Result<JobId, JobError> {
@@ -355,6 +355,9 @@ impl StoreTx for FailingTx {
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
         Err(self.0.clone())
     }
+    fn ledger(&mut self) -> &mut dyn super::LedgerTx {
+        self
+    }
 }
 
 /// The columns of a job, in the order [`read_job`] reads them.
@@ -363,8 +366,8 @@ const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, l
 
 const READY: &str = "state IN ('QUEUED', 'RUNQUEUED')";
 
-struct SqliteTx<'c> {
-    conn: &'c Connection,
+pub(super) struct SqliteTx<'c> {
+    pub(super) conn: &'c Connection,
 }
 
 impl SqliteTx<'_> {
@@ -653,6 +656,10 @@ impl StoreTx for SqliteTx<'_> {
             })
             .map_err(store_error)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+    }
+
+    fn ledger(&mut self) -> &mut dyn super::LedgerTx {
+        self
     }
 }
 

@@ -1,0 +1,115 @@
+//! How a supervisor identifies itself to the server: who it is (host and
+//! pid, and its pool), how many jobs it can run, how many it runs, and its
+//! load. The server keeps the latest of these as its worker registry.
+
+use serde::{Deserialize, Serialize};
+
+use super::JobError;
+
+/// The longest worker id or host name accepted, in bytes.
+pub const MAX_WORKER_TEXT: usize = 255;
+
+/// A supervisor's identity and state, as it reports them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WorkerInfo {
+    /// `HOST-PID`, or `HOST-PID/POOL` for a named pool; unique per process.
+    pub id: String,
+    /// The host name.
+    pub host: String,
+    /// The supervisor's process id.
+    pub pid: u32,
+    /// The most jobs it runs at once.
+    pub capacity: u32,
+    /// How many it runs now.
+    pub running: u32,
+    /// Its machine's one-minute load average, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<f64>,
+}
+
+impl WorkerInfo {
+    /// The identity of this process: `HOST-PID`, with `/POOL` for a named pool.
+    pub fn this_process(pool: Option<&str>, capacity: u32) -> Self {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into());
+        let pid = std::process::id();
+        let id = match pool {
+            Some(pool) => format!("{host}-{pid}/{pool}"),
+            None => format!("{host}-{pid}"),
+        };
+        WorkerInfo {
+            id,
+            host,
+            pid,
+            capacity,
+            running: 0,
+            load: None,
+        }
+    }
+
+    /// Refuses ids and hosts that are empty, too long or hold control
+    /// characters, and loads that are not finite numbers.
+    pub fn check(&self) -> Result<(), JobError> {
+        for (field, text) in [("worker.id", &self.id), ("worker.host", &self.host)] {
+            if text.is_empty()
+                || text.len() > MAX_WORKER_TEXT
+                || text.chars().any(|c| c.is_control())
+            {
+                return Err(JobError::Malformed(field));
+            }
+        }
+        if self.load.is_some_and(|l| !l.is_finite() || l < 0.0) {
+            return Err(JobError::Malformed("worker.load"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_named_by_host_pid_and_pool() {
+        let main = WorkerInfo::this_process(None, 4);
+        assert_eq!(main.id, format!("{}-{}", main.host, std::process::id()));
+        assert_eq!(main.capacity, 4);
+        main.check().unwrap();
+        let pool = WorkerInfo::this_process(Some("batch"), 2);
+        assert!(pool.id.ends_with("/batch"), "{}", pool.id);
+    }
+
+    #[test]
+    fn hostile_identities_are_refused() {
+        let good = WorkerInfo::this_process(None, 1);
+        let bad = [
+            WorkerInfo {
+                id: String::new(),
+                ..good.clone()
+            },
+            WorkerInfo {
+                id: "x".repeat(256),
+                ..good.clone()
+            },
+            WorkerInfo {
+                host: "a\nb".into(),
+                ..good.clone()
+            },
+            WorkerInfo {
+                load: Some(f64::NAN),
+                ..good.clone()
+            },
+            WorkerInfo {
+                load: Some(-1.0),
+                ..good.clone()
+            },
+        ];
+        for worker in bad {
+            assert!(worker.check().is_err(), "{worker:?} was taken");
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Failure groups, and what a report's data says about how a run ended.
+//!
+//! The supervisor puts a run's details under the data key `_jobmgr`
+//! (`outcome`, `exitCode`, `signal`, `stdout`, `stderr`, …) on both ports,
+//! since a Bedrock server keeps no other history; the server reads them from
+//! there. Groups are keyed `exit:CODE`, `signal:NAME`, `timeout`, `oom`,
+//! `no_worker`, `cannot_start`, `lease_lost`, `no_report` (a `retryAfter`
+//! job handed out too often without a report), and `failed` for a FailJob
+//! that says nothing more.
+
+use serde_json::Value;
+
+use super::AttemptEnd;
+use crate::protocol::Data;
+
+/// The data key holding a run's details (the supervisor's `DETAILS_KEY`).
+pub const DETAILS_KEY: &str = "_jobmgr";
+
+/// The most output kept per stream and attempt, in bytes.
+pub const OUTPUT_TAIL_BYTES: usize = 4096;
+
+/// The group of a job the server failed because its lease lapsed too often.
+pub const LEASE_LOST: &str = "lease_lost";
+
+/// The group of a `retryAfter` job handed out too often without a report.
+pub const NO_REPORT: &str = "no_report";
+
+/// The longest group key accepted from outside.
+pub const MAX_GROUP_BYTES: usize = 64;
+
+/// Whether `group` is a well-formed group key: 1 to 64 bytes of letters,
+/// digits, `_`, `:`, `-` and `+`.
+pub fn valid_group(group: &str) -> bool {
+    !group.is_empty()
+        && group.len() <= MAX_GROUP_BYTES
+        && group
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':' | b'-' | b'+'))
+}
+
+/// How a reported run ended, from the details in `data` (if any):
+/// `outcome` is the report (`finished`, `retried` or `failed`).
+pub fn reported_end(outcome: &str, data: Option<&Data>) -> AttemptEnd {
+    let details = data
+        .and_then(|d| d.get(DETAILS_KEY))
+        .and_then(Value::as_object);
+    let text = |key: &str| {
+        details
+            .and_then(|d| d.get(key))
+            .and_then(Value::as_str)
+            .map(|s| tail(s, OUTPUT_TAIL_BYTES))
+    };
+    let exit_code = details
+        .and_then(|d| d.get("exitCode"))
+        .and_then(Value::as_i64);
+    let signal = text("signal");
+    let kind = details
+        .and_then(|d| d.get("outcome"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let failure = (outcome != "finished").then(|| group_of(kind, exit_code, signal.as_deref()));
+    AttemptEnd {
+        outcome: outcome.into(),
+        failure,
+        exit_code: if outcome == "finished" && details.is_none() {
+            None
+        } else {
+            exit_code
+        },
+        signal,
+        stdout: text("stdout"),
+        stderr: text("stderr"),
+    }
+}
+
+/// The group for a run's details.
+fn group_of(kind: &str, exit_code: Option<i64>, signal: Option<&str>) -> String {
+    let clean = |text: &str| -> String {
+        text.chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+'))
+            .take(MAX_GROUP_BYTES - 8)
+            .collect()
+    };
+    match (kind, exit_code, signal) {
+        ("exit", Some(code), _) => format!("exit:{code}"),
+        ("signal", _, Some(signal)) if !clean(signal).is_empty() => {
+            format!("signal:{}", clean(signal))
+        }
+        ("" | "exit" | "signal", _, _) => "failed".into(),
+        (kind, _, _) => {
+            let kind = clean(kind);
+            if kind.is_empty() {
+                "failed".into()
+            } else {
+                kind
+            }
+        }
+    }
+}
+
+/// The last `max` bytes of `text`, starting on a character boundary.
+pub fn tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn data(details: Value) -> Data {
+        let mut data = Data::new();
+        data.insert(DETAILS_KEY.into(), details);
+        data
+    }
+
+    #[test]
+    fn groups_follow_the_supervisors_details() {
+        let cases = [
+            (json!({"outcome": "exit", "exitCode": 3}), "exit:3"),
+            (
+                json!({"outcome": "signal", "signal": "SIGKILL"}),
+                "signal:SIGKILL",
+            ),
+            (json!({"outcome": "timeout", "killed": true}), "timeout"),
+            (json!({"outcome": "oom"}), "oom"),
+            (
+                json!({"outcome": "no_worker", "reason": "no worker"}),
+                "no_worker",
+            ),
+            (json!({"outcome": "cannot_start"}), "cannot_start"),
+            (json!({"outcome": "exit"}), "failed"),
+            (json!({"outcome": "a b\nc/../"}), "abc"),
+            (json!("not an object"), "failed"),
+        ];
+        for (details, group) in cases {
+            let end = reported_end("failed", Some(&data(details.clone())));
+            assert_eq!(end.failure.as_deref(), Some(group), "{details}");
+            assert!(valid_group(group));
+        }
+        assert_eq!(
+            reported_end("failed", None).failure.as_deref(),
+            Some("failed")
+        );
+        assert_eq!(reported_end("finished", None).failure, None);
+    }
+
+    #[test]
+    fn output_tails_are_bounded_and_whole_characters() {
+        let long = format!("{}é{}", "a".repeat(10_000), "b".repeat(4094));
+        let end = reported_end(
+            "retried",
+            Some(&data(
+                json!({"outcome": "exit", "exitCode": 1, "stdout": long, "stderr": "oops"}),
+            )),
+        );
+        let stdout = end.stdout.unwrap();
+        assert!(stdout.len() <= OUTPUT_TAIL_BYTES);
+        assert!(stdout.ends_with('b'));
+        assert_eq!(end.stderr.as_deref(), Some("oops"));
+        assert_eq!(end.exit_code, Some(1));
+        assert_eq!(tail("héllo", 4), "llo");
+    }
+
+    #[test]
+    fn group_keys_from_outside_are_checked() {
+        assert!(valid_group("exit:3"));
+        assert!(valid_group("signal:SIGSEGV"));
+        assert!(!valid_group(""));
+        assert!(!valid_group("a/b"));
+        assert!(!valid_group("x y"));
+        assert!(!valid_group(&"x".repeat(65)));
+    }
+}

@@ -1,0 +1,173 @@
+//! What the queue's rules write to the ledger at each step of a job's life,
+//! in the transaction of the step itself, at the transaction's time.
+
+use super::failure::{self, LEASE_LOST, NO_REPORT};
+use super::{ArchivedJob, Attempt, AttemptEnd, StatsDelta, hour_of};
+use crate::protocol::{Data, Job, JobError, JobId, JobState, Timestamp, WorkerInfo};
+use crate::server::queue::Tracked;
+
+/// A job was created.
+pub fn created(tx: &mut Tracked, name: &str) -> Result<(), JobError> {
+    let hour = hour_of(tx.now);
+    tx.store().ledger().add_stats(
+        name,
+        hour,
+        &StatsDelta {
+            added: 1,
+            ..StatsDelta::default()
+        },
+    )
+}
+
+/// A job was handed out; `due` is when it became due, `job` is as it is
+/// now (its attempt counted).
+pub fn handed_out(
+    tx: &mut Tracked,
+    job: &Job,
+    due: Timestamp,
+    worker: Option<&WorkerInfo>,
+) -> Result<(), JobError> {
+    let now = tx.now;
+    let ledger = tx.store().ledger();
+    if let Some(worker) = worker {
+        ledger.see_worker(worker, now)?;
+    }
+    // A retryAfter job handed out again without a report.
+    if ledger.open_attempt_of(job.id)?.is_some() {
+        ledger.close_attempt(
+            job.id,
+            now,
+            &AttemptEnd {
+                outcome: "superseded".into(),
+                ..AttemptEnd::default()
+            },
+        )?;
+    }
+    ledger.open_attempt(&Attempt {
+        job_id: job.id,
+        name: job.name.clone(),
+        attempt: job.attempts,
+        worker: worker.map(|w| w.id.clone()),
+        due,
+        started: now,
+        ended: None,
+        end: None,
+    })?;
+    ledger.add_stats(
+        &job.name,
+        hour_of(now),
+        &StatsDelta {
+            started: 1,
+            wait_ms: Some(now.0.saturating_sub(due.0)),
+            ..StatsDelta::default()
+        },
+    )
+}
+
+/// A hand-out was never delivered and is undone.
+pub fn undelivered(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
+    tx.store().ledger().discard_open_attempt(job_id)
+}
+
+/// A holder renewed its lease.
+pub fn heartbeat(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
+    let now = tx.now;
+    tx.store().ledger().see_worker_of(job_id, now)
+}
+
+/// How a run's report leaves the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leaves {
+    /// It runs again (a retry, a repeat, a paused parent).
+    Stays,
+    /// It finished for good (deleted, or a FINISHED child).
+    Finished,
+    /// It is FAILED.
+    Failed,
+}
+
+/// A run ended: `outcome` is `finished`, `retried`, `failed` or
+/// `lease_lost`; `data` holds the report's details; `job` is as it is now.
+pub fn ended(tx: &mut Tracked, job: &Job, end: AttemptEnd, leaves: Leaves) -> Result<(), JobError> {
+    let now = tx.now;
+    let ledger = tx.store().ledger();
+    let open = ledger.open_attempt_of(job.id)?;
+    if open.is_some() {
+        ledger.see_worker_of(job.id, now)?;
+        ledger.close_attempt(job.id, now, &end)?;
+    }
+    let name = open.as_ref().map_or(job.name.as_str(), |a| a.name.as_str());
+    let mut delta = StatsDelta::default();
+    match end.outcome.as_str() {
+        "finished" => {
+            delta.finished = 1;
+            delta.run_ms = open.as_ref().map(|a| now.0.saturating_sub(a.started.0));
+        }
+        _ if leaves == Leaves::Failed => delta.failed = 1,
+        _ => delta.retried = 1,
+    }
+    if end.outcome == "finished" || leaves == Leaves::Failed {
+        let entered = ledger.occurrence_start(job.id)?.unwrap_or(job.created);
+        delta.service_ms = Some(now.0.saturating_sub(entered.0));
+    }
+    ledger.add_stats(name, hour_of(now), &delta)?;
+    let state = match leaves {
+        Leaves::Stays => return Ok(()),
+        Leaves::Finished => JobState::Finished,
+        Leaves::Failed => JobState::Failed,
+    };
+    if let (Leaves::Failed, Some(group)) = (leaves, &end.failure) {
+        ledger.set_failure(job.id, group, now)?;
+    }
+    ledger.archive(&ArchivedJob {
+        job_id: job.id,
+        name: job.name.clone(),
+        state: state.as_str().to_string(),
+        data: job.data.clone(),
+        created: job.created,
+        ended: now,
+        attempts: job.attempts,
+        failure: end.failure.filter(|_| leaves == Leaves::Failed),
+    })
+}
+
+/// A report (FinishJob, RetryJob, FailJob) ended a run.
+pub fn reported(
+    tx: &mut Tracked,
+    job: &Job,
+    outcome: &str,
+    data: Option<&Data>,
+    leaves: Leaves,
+) -> Result<(), JobError> {
+    let end = failure::reported_end(outcome, data);
+    ended(tx, job, end, leaves)
+}
+
+/// A lease lapsed; `failed` when the job is FAILED for it.
+pub fn lapsed(tx: &mut Tracked, job: &Job, failed: bool) -> Result<(), JobError> {
+    let end = AttemptEnd {
+        outcome: LEASE_LOST.into(),
+        failure: Some(LEASE_LOST.into()),
+        ..AttemptEnd::default()
+    };
+    ended(
+        tx,
+        job,
+        end,
+        if failed {
+            Leaves::Failed
+        } else {
+            Leaves::Stays
+        },
+    )
+}
+
+/// A `retryAfter` job was handed out too often without a report.
+pub fn no_report(tx: &mut Tracked, job: &Job) -> Result<(), JobError> {
+    let end = AttemptEnd {
+        outcome: "failed".into(),
+        failure: Some(NO_REPORT.into()),
+        ..AttemptEnd::default()
+    };
+    ended(tx, job, end, Leaves::Failed)
+}

@@ -1,0 +1,344 @@
+//! What the queue answers from its ledger: statistics shaped for charts,
+//! the worker registry, failure groups and their bulk actions, a job's
+//! history, and the purge that retention asks for (run every
+//! `purge_every`).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use super::{Queue, rules};
+use crate::protocol::view::query_json;
+use crate::protocol::{Job, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
+use crate::server::ledger::retention::millis;
+use crate::server::ledger::{ArchivedJob, Attempt, FailureGroup, HOUR_MS, PurgeCounts, StatsRow};
+use crate::server::store::PurgeLimits;
+
+/// One day in milliseconds.
+const DAY_MS: i64 = 24 * HOUR_MS;
+
+/// The most points a statistics answer fills in per name.
+const MAX_POINTS: i64 = 10_000;
+
+/// A chart period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    /// One point per hour.
+    Hour,
+    /// One point per day (UTC).
+    Day,
+}
+
+impl Period {
+    /// Parses `hour` or `day`.
+    pub fn parse(text: &str) -> Option<Period> {
+        match text {
+            "hour" => Some(Period::Hour),
+            "day" => Some(Period::Day),
+            _ => None,
+        }
+    }
+
+    fn millis(self) -> i64 {
+        match self {
+            Period::Hour => HOUR_MS,
+            Period::Day => DAY_MS,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Period::Hour => "hour",
+            Period::Day => "day",
+        }
+    }
+
+    /// The window shown when none is asked for: a day of hours, or 30 days.
+    pub fn default_span(self) -> i64 {
+        match self {
+            Period::Hour => DAY_MS,
+            Period::Day => 30 * DAY_MS,
+        }
+    }
+}
+
+/// A job's history: the job if still queued, its archive entry if it
+/// ended, and every recorded attempt.
+#[derive(Debug, Clone)]
+pub struct History {
+    /// The job as it is now.
+    pub job: Option<Job>,
+    /// The job as it ended.
+    pub archived: Option<ArchivedJob>,
+    /// Its attempts, oldest first.
+    pub attempts: Vec<Attempt>,
+}
+
+impl History {
+    /// The history for the API.
+    pub fn to_json(&self, id: JobId) -> Value {
+        json!({
+            "jobID": id,
+            "job": self.job.as_ref().map(|j| Value::Object(query_json(j))),
+            "archived": self.archived.as_ref().map(ArchivedJob::to_json),
+            "attempts": self.attempts.iter().map(Attempt::to_json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A supervisor as the registry shows it.
+#[derive(Debug, Clone)]
+pub struct WorkerView {
+    /// What it said last.
+    pub info: WorkerInfo,
+    /// When first seen.
+    pub first_seen: Timestamp,
+    /// When last seen.
+    pub last_seen: Timestamp,
+    /// Whether it was seen within `worker_gone_after`.
+    pub gone: bool,
+    /// The jobs it holds.
+    pub jobs: Vec<JobId>,
+    /// Its jobs' running time over the last hour, in ms.
+    pub busy_ms: i64,
+    /// Busy time over capacity for the part of the last hour it was seen.
+    pub utilisation: Option<f64>,
+}
+
+impl WorkerView {
+    /// The worker for the API.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.info.id,
+            "host": self.info.host,
+            "pid": self.info.pid,
+            "capacity": self.info.capacity,
+            "running": self.info.running,
+            "load": self.info.load,
+            "firstSeen": self.first_seen.to_string(),
+            "lastSeen": self.last_seen.to_string(),
+            "state": if self.gone { "gone" } else { "active" },
+            "jobs": self.jobs,
+            "busySecs": self.busy_ms as f64 / 1000.0,
+            "utilisation": self.utilisation,
+        })
+    }
+}
+
+impl FailureGroup {
+    /// The group for the API.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "group": self.group,
+            "count": self.count,
+            "first": self.first.to_string(),
+            "last": self.last.to_string(),
+        })
+    }
+}
+
+impl Queue {
+    /// Records a supervisor's presence.
+    pub async fn see_worker(&self, worker: WorkerInfo) -> Result<(), JobError> {
+        worker.check()?;
+        self.write(move |tx| {
+            let now = tx.now;
+            tx.store().ledger().see_worker(&worker, now)
+        })
+        .await
+    }
+
+    /// Statistics per name and period over `[from, to)`, as chart series
+    /// with a point for every period, a total over all names, and the
+    /// queue's depth by state.
+    pub async fn stats(
+        &self,
+        pattern: Option<NamePattern>,
+        period: Period,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+    ) -> Result<Value, JobError> {
+        let step = period.millis();
+        let to = to.unwrap_or_else(|| self.now().plus_millis(step));
+        let to = Timestamp(to.0.div_euclid(step) * step);
+        let from = from.unwrap_or(Timestamp(to.0.saturating_sub(period.default_span())));
+        let from = Timestamp(from.0.div_euclid(step) * step);
+        if from >= to {
+            return Err(JobError::Malformed("from"));
+        }
+        if (to.0 - from.0) / step > MAX_POINTS {
+            return Err(JobError::Malformed("to"));
+        }
+        let wanted = pattern.clone();
+        let (rows, depth) = self
+            .read(move |tx| {
+                let rows = tx.ledger().stats(wanted.as_ref(), from, to)?;
+                let depth = tx.count_by_name()?;
+                Ok((rows, depth))
+            })
+            .await?;
+        let mut by_name: BTreeMap<String, BTreeMap<i64, StatsRow>> = BTreeMap::new();
+        let mut total = StatsRow::default();
+        for row in &rows {
+            let bucket = row.hour.div_euclid(step) * step;
+            by_name
+                .entry(row.name.clone())
+                .or_default()
+                .entry(bucket)
+                .or_insert_with(|| StatsRow {
+                    name: row.name.clone(),
+                    hour: bucket,
+                    ..StatsRow::default()
+                })
+                .merge(row);
+            total.merge(row);
+        }
+        let series: Vec<Value> = by_name
+            .into_iter()
+            .map(|(name, points)| {
+                let points: Vec<Value> = (0..(to.0 - from.0) / step)
+                    .map(|i| {
+                        let at = from.0 + i * step;
+                        points.get(&at).cloned().unwrap_or(StatsRow {
+                            hour: at,
+                            ..StatsRow::default()
+                        })
+                    })
+                    .map(|row| row.to_json())
+                    .collect();
+                json!({"name": name, "points": points})
+            })
+            .collect();
+        let mut queue = Map::new();
+        for (name, state, count) in depth {
+            if pattern.as_ref().is_none_or(|p| p.matches(&name)) {
+                let entry = queue
+                    .entry(name)
+                    .or_insert_with(|| Value::Object(Map::new()));
+                entry[state.as_str()] = json!(count);
+            }
+        }
+        total.hour = from.0;
+        let mut total = total.to_json();
+        if let Value::Object(map) = &mut total {
+            map.remove("time");
+        }
+        Ok(json!({
+            "period": period.name(),
+            "from": from.to_string(),
+            "to": to.to_string(),
+            "series": series,
+            "total": total,
+            "queue": queue,
+        }))
+    }
+
+    /// The worker registry, most recently seen first.
+    pub async fn workers(&self) -> Result<Vec<WorkerView>, JobError> {
+        let now = self.now();
+        let gone_after = millis(self.inner.config.retention.worker_gone_after);
+        self.read(move |tx| {
+            let window_start = now.plus_millis(-HOUR_MS);
+            let mut views = Vec::new();
+            for row in tx.ledger().workers()? {
+                let busy_ms = tx.ledger().busy_ms(&row.info.id, window_start, now)?;
+                let seen_from = row.first_seen.max(window_start);
+                let gone = now.0.saturating_sub(row.last_seen.0) > gone_after;
+                let seen_to = if gone { row.last_seen.min(now) } else { now };
+                let seen_ms = seen_to.0 - seen_from.0;
+                let capacity_ms = seen_ms.saturating_mul(i64::from(row.info.capacity));
+                views.push(WorkerView {
+                    utilisation: (capacity_ms > 0).then(|| busy_ms as f64 / capacity_ms as f64),
+                    info: row.info,
+                    first_seen: row.first_seen,
+                    last_seen: row.last_seen,
+                    gone,
+                    jobs: row.jobs,
+                    busy_ms,
+                });
+            }
+            Ok(views)
+        })
+        .await
+    }
+
+    /// Failure groups of jobs still FAILED.
+    pub async fn failure_groups(&self) -> Result<Vec<FailureGroup>, JobError> {
+        self.read(|tx| tx.ledger().failure_groups()).await
+    }
+
+    /// Up to `limit` FAILED jobs of a group, earliest failure first.
+    pub async fn failed_jobs(&self, group: String, limit: usize) -> Result<Vec<Job>, JobError> {
+        self.read(move |tx| {
+            let ids = tx.ledger().failed_in_group(&group, limit)?;
+            let mut jobs = Vec::with_capacity(ids.len());
+            for id in ids {
+                jobs.extend(tx.get(id)?);
+            }
+            Ok(jobs)
+        })
+        .await
+    }
+
+    /// Queues again up to `count` jobs of a failure group; their ids.
+    pub async fn retry_failed(&self, group: String, count: usize) -> Result<Vec<JobId>, JobError> {
+        self.write(move |tx| rules::retry_failed(tx, &group, count))
+            .await
+    }
+
+    /// Deletes up to `count` jobs of a failure group; their ids.
+    pub async fn delete_failed(&self, group: String, count: usize) -> Result<Vec<JobId>, JobError> {
+        self.write(move |tx| rules::delete_failed(tx, &group, count))
+            .await
+    }
+
+    /// A job's history; `NoSuchJob` when nothing is known of it.
+    pub async fn history(&self, id: JobId) -> Result<History, JobError> {
+        self.read(move |tx| {
+            let history = History {
+                job: tx.get(id)?,
+                archived: tx.ledger().archived(id)?,
+                attempts: tx.ledger().attempts(id)?,
+            };
+            if history.job.is_none() && history.archived.is_none() && history.attempts.is_empty() {
+                return Err(JobError::NoSuchJob);
+            }
+            Ok(history)
+        })
+        .await
+    }
+
+    /// Removes what retention no longer keeps, as of now.
+    pub async fn purge(&self) -> Result<PurgeCounts, JobError> {
+        let retention = self.inner.config.retention;
+        self.write(move |tx| {
+            let now = tx.now;
+            let limits = PurgeLimits {
+                history_before: now.plus_millis(-millis(retention.history_max_age)),
+                history_max_count: retention.history_max_count,
+                stats_before: now.plus_millis(-millis(retention.stats_max_age)),
+                histograms_before: now.plus_millis(-millis(retention.histogram_max_age)),
+            };
+            tx.store().ledger().purge(&limits)
+        })
+        .await
+    }
+}
+
+/// Purges at start and every `purge_every` until the queue shuts down.
+pub(super) async fn purge_periodically(queue: Queue) {
+    queue.ready().await;
+    let every = queue.inner.config.retention.purge_every;
+    loop {
+        match queue.purge().await {
+            Ok(counts) if counts.is_empty() => {}
+            Ok(counts) => tracing::info!(?counts, "purged history past its retention"),
+            Err(JobError::ShuttingDown) => break,
+            Err(error) => tracing::warn!(%error, "could not purge history; trying again later"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = queue.inner.shutdown.cancelled() => break,
+        }
+    }
+}

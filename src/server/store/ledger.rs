@@ -1,0 +1,79 @@
+//! The ledger's rows (see [`crate::server::ledger`]) behind a trait, beside
+//! the jobs themselves, written in the same transactions.
+
+use crate::protocol::{JobError, JobId, NamePattern, Timestamp, WorkerInfo};
+use crate::server::ledger::{
+    ArchivedJob, Attempt, AttemptEnd, FailureGroup, PurgeCounts, StatsDelta, StatsRow, WorkerRow,
+};
+
+/// What a purge removes: everything that ended before the cutoffs.
+#[derive(Debug, Clone, Copy)]
+pub struct PurgeLimits {
+    /// Ended jobs and attempts that ended before this go.
+    pub history_before: Timestamp,
+    /// Beyond this many ended jobs, the oldest go.
+    pub history_max_count: u64,
+    /// Statistics of hours before this go.
+    pub stats_before: Timestamp,
+    /// Histograms of hours before this go.
+    pub histograms_before: Timestamp,
+}
+
+/// Row-level access to the ledger inside one transaction.
+pub trait LedgerTx {
+    /// Adds an event to the statistics of `name` for the hour starting at `hour`.
+    fn add_stats(&mut self, name: &str, hour: i64, delta: &StatsDelta) -> Result<(), JobError>;
+    /// Hourly rows with `from <= hour < to`, by name then hour.
+    fn stats(
+        &mut self,
+        pattern: Option<&NamePattern>,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Vec<StatsRow>, JobError>;
+
+    /// Records a hand-out.
+    fn open_attempt(&mut self, attempt: &Attempt) -> Result<(), JobError>;
+    /// The job's attempt without an ending, if any.
+    fn open_attempt_of(&mut self, job_id: JobId) -> Result<Option<Attempt>, JobError>;
+    /// Ends the job's open attempt.
+    fn close_attempt(
+        &mut self,
+        job_id: JobId,
+        ended: Timestamp,
+        end: &AttemptEnd,
+    ) -> Result<(), JobError>;
+    /// Forgets the job's open attempt (a hand-out that was never delivered).
+    fn discard_open_attempt(&mut self, job_id: JobId) -> Result<(), JobError>;
+    /// When the job's current occurrence entered the queue: the due time of
+    /// its latest first attempt.
+    fn occurrence_start(&mut self, job_id: JobId) -> Result<Option<Timestamp>, JobError>;
+    /// Every recorded attempt of a job, oldest first.
+    fn attempts(&mut self, job_id: JobId) -> Result<Vec<Attempt>, JobError>;
+
+    /// Keeps an ended job (replacing an earlier entry for it).
+    fn archive(&mut self, job: &ArchivedJob) -> Result<(), JobError>;
+    /// The archived job, if kept.
+    fn archived(&mut self, job_id: JobId) -> Result<Option<ArchivedJob>, JobError>;
+
+    /// Puts a FAILED job in a failure group.
+    fn set_failure(&mut self, job_id: JobId, group: &str, at: Timestamp) -> Result<(), JobError>;
+    /// Takes a job out of its failure group.
+    fn clear_failure(&mut self, job_id: JobId) -> Result<(), JobError>;
+    /// Groups of jobs still FAILED, largest first.
+    fn failure_groups(&mut self) -> Result<Vec<FailureGroup>, JobError>;
+    /// Up to `limit` FAILED jobs of a group, earliest failure first.
+    fn failed_in_group(&mut self, group: &str, limit: usize) -> Result<Vec<JobId>, JobError>;
+
+    /// Records what a supervisor says about itself.
+    fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError>;
+    /// Marks the supervisor holding a job as seen.
+    fn see_worker_of(&mut self, job_id: JobId, now: Timestamp) -> Result<(), JobError>;
+    /// Every supervisor in the registry, most recently seen first.
+    fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError>;
+    /// Milliseconds a supervisor's attempts spent running in `[from, to)`
+    /// (an attempt still running counts up to `to`).
+    fn busy_ms(&mut self, worker: &str, from: Timestamp, to: Timestamp) -> Result<i64, JobError>;
+
+    /// Removes what retention no longer keeps.
+    fn purge(&mut self, limits: &PurgeLimits) -> Result<PurgeCounts, JobError>;
+}

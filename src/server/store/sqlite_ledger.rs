@@ -1,0 +1,588 @@
+//! The ledger's tables in the SQLite store (schema version 2).
+
+use rusqlite::{OptionalExtension, Row, params};
+
+use super::ledger::{LedgerTx, PurgeLimits};
+use super::sqlite::{FailingTx, SqliteTx, store_error};
+use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
+use crate::server::ledger::{
+    ArchivedJob, Attempt, AttemptEnd, FailureGroup, Histogram, PurgeCounts, StatsDelta, StatsRow,
+    Summary, WorkerRow,
+};
+
+const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
+     failure, exit_code, signal, stdout, stderr";
+
+fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
+    let outcome: Option<String> = row.get(7)?;
+    Ok(Attempt {
+        job_id: row.get(0)?,
+        name: row.get(1)?,
+        attempt: row.get(2)?,
+        worker: row.get(3)?,
+        due: Timestamp(row.get(4)?),
+        started: Timestamp(row.get(5)?),
+        ended: row.get::<_, Option<i64>>(6)?.map(Timestamp),
+        end: match outcome {
+            Some(outcome) => Some(AttemptEnd {
+                outcome,
+                failure: row.get(8)?,
+                exit_code: row.get(9)?,
+                signal: row.get(10)?,
+                stdout: row.get(11)?,
+                stderr: row.get(12)?,
+            }),
+            None => None,
+        },
+    })
+}
+
+fn summary(text: Option<String>) -> Summary {
+    text.and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
+fn summary_text(summary: &Summary) -> Result<Option<String>, JobError> {
+    if summary.count == 0 {
+        return Ok(None);
+    }
+    serde_json::to_string(summary)
+        .map(Some)
+        .map_err(|e| JobError::Store(e.to_string()))
+}
+
+const STATS_COLUMNS: &str = "name, hour, added, started, finished, failed, retried, wait, run, \
+     service, wait_histogram, run_histogram";
+
+fn read_stats(row: &Row<'_>) -> rusqlite::Result<StatsRow> {
+    let count = |i: usize| -> rusqlite::Result<u64> { Ok(row.get::<_, i64>(i)?.max(0) as u64) };
+    Ok(StatsRow {
+        name: row.get(0)?,
+        hour: row.get(1)?,
+        added: count(2)?,
+        started: count(3)?,
+        finished: count(4)?,
+        failed: count(5)?,
+        retried: count(6)?,
+        wait: summary(row.get(7)?),
+        run: summary(row.get(8)?),
+        service: summary(row.get(9)?),
+        wait_histogram: row
+            .get::<_, Option<String>>(10)?
+            .map(|t| Histogram::from_stored(&t)),
+        run_histogram: row
+            .get::<_, Option<String>>(11)?
+            .map(|t| Histogram::from_stored(&t)),
+    })
+}
+
+fn read_archived(row: &Row<'_>) -> rusqlite::Result<ArchivedJob> {
+    let data: String = row.get(3)?;
+    Ok(ArchivedJob {
+        job_id: row.get(0)?,
+        name: row.get(1)?,
+        state: row.get(2)?,
+        data: serde_json::from_str::<Data>(&data).unwrap_or_default(),
+        created: Timestamp(row.get(4)?),
+        ended: Timestamp(row.get(5)?),
+        attempts: row.get(6)?,
+        failure: row.get(7)?,
+    })
+}
+
+impl LedgerTx for SqliteTx<'_> {
+    fn add_stats(&mut self, name: &str, hour: i64, delta: &StatsDelta) -> Result<(), JobError> {
+        let mut row = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {STATS_COLUMNS} FROM stats WHERE name = ?1 AND hour = ?2"
+            ))
+            .map_err(store_error)?
+            .query_row(params![name, hour], read_stats)
+            .optional()
+            .map_err(store_error)?
+            .unwrap_or_else(|| StatsRow {
+                name: name.to_string(),
+                hour,
+                ..StatsRow::default()
+            });
+        row.apply(delta);
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO stats (name, hour, added, started, finished, failed, retried, \
+                 wait, run, service, wait_histogram, run_histogram) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .map_err(store_error)?
+            .execute(params![
+                row.name,
+                row.hour,
+                row.added as i64,
+                row.started as i64,
+                row.finished as i64,
+                row.failed as i64,
+                row.retried as i64,
+                summary_text(&row.wait)?,
+                summary_text(&row.run)?,
+                summary_text(&row.service)?,
+                row.wait_histogram.as_ref().map(Histogram::to_stored),
+                row.run_histogram.as_ref().map(Histogram::to_stored),
+            ])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn stats(
+        &mut self,
+        pattern: Option<&NamePattern>,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Vec<StatsRow>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {STATS_COLUMNS} FROM stats WHERE hour >= ?1 AND hour < ?2 ORDER BY name, hour"
+            ))
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map(params![from.0, to.0], read_stats)
+            .map_err(store_error)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let row = row.map_err(store_error)?;
+            if pattern.is_none_or(|p| p.matches(&row.name)) {
+                out.push(row);
+            }
+        }
+        Ok(out)
+    }
+
+    fn open_attempt(&mut self, attempt: &Attempt) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO attempts (job_id, name, attempt, worker, due, started) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .map_err(store_error)?
+            .execute(params![
+                attempt.job_id,
+                attempt.name,
+                attempt.attempt,
+                attempt.worker,
+                attempt.due.0,
+                attempt.started.0,
+            ])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn open_attempt_of(&mut self, job_id: JobId) -> Result<Option<Attempt>, JobError> {
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ?1 AND ended IS NULL \
+                 ORDER BY attempt_id DESC LIMIT 1"
+            ))
+            .map_err(store_error)?
+            .query_row([job_id], read_attempt)
+            .optional()
+            .map_err(store_error)
+    }
+
+    fn close_attempt(
+        &mut self,
+        job_id: JobId,
+        ended: Timestamp,
+        end: &AttemptEnd,
+    ) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE attempts SET ended = ?2, outcome = ?3, failure = ?4, exit_code = ?5, \
+                 signal = ?6, stdout = ?7, stderr = ?8 WHERE job_id = ?1 AND ended IS NULL",
+            )
+            .map_err(store_error)?
+            .execute(params![
+                job_id,
+                ended.0,
+                end.outcome,
+                end.failure,
+                end.exit_code,
+                end.signal,
+                end.stdout,
+                end.stderr,
+            ])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn discard_open_attempt(&mut self, job_id: JobId) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached("DELETE FROM attempts WHERE job_id = ?1 AND ended IS NULL")
+            .map_err(store_error)?
+            .execute([job_id])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn occurrence_start(&mut self, job_id: JobId) -> Result<Option<Timestamp>, JobError> {
+        self.conn
+            .prepare_cached(
+                "SELECT due FROM attempts WHERE job_id = ?1 AND attempt = 1 \
+                 ORDER BY attempt_id DESC LIMIT 1",
+            )
+            .map_err(store_error)?
+            .query_row([job_id], |row| row.get::<_, i64>(0))
+            .optional()
+            .map(|t| t.map(Timestamp))
+            .map_err(store_error)
+    }
+
+    fn attempts(&mut self, job_id: JobId) -> Result<Vec<Attempt>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ?1 ORDER BY attempt_id"
+            ))
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map([job_id], read_attempt)
+            .map_err(store_error)?;
+        rows.collect::<Result<_, _>>().map_err(store_error)
+    }
+
+    fn archive(&mut self, job: &ArchivedJob) -> Result<(), JobError> {
+        let data = serde_json::to_string(&job.data).map_err(|e| JobError::Store(e.to_string()))?;
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO archive (job_id, name, state, data, created, ended, attempts, failure) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .map_err(store_error)?
+            .execute(params![
+                job.job_id,
+                job.name,
+                job.state,
+                data,
+                job.created.0,
+                job.ended.0,
+                job.attempts,
+                job.failure,
+            ])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn archived(&mut self, job_id: JobId) -> Result<Option<ArchivedJob>, JobError> {
+        self.conn
+            .prepare_cached(
+                "SELECT job_id, name, state, data, created, ended, attempts, failure \
+                 FROM archive WHERE job_id = ?1",
+            )
+            .map_err(store_error)?
+            .query_row([job_id], read_archived)
+            .optional()
+            .map_err(store_error)
+    }
+
+    fn set_failure(&mut self, job_id: JobId, group: &str, at: Timestamp) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO failures (job_id, grp, at) VALUES (?1, ?2, ?3)")
+            .map_err(store_error)?
+            .execute(params![job_id, group, at.0])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn clear_failure(&mut self, job_id: JobId) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached("DELETE FROM failures WHERE job_id = ?1")
+            .map_err(store_error)?
+            .execute([job_id])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn failure_groups(&mut self) -> Result<Vec<FailureGroup>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT f.grp, COUNT(*), MIN(f.at), MAX(f.at) FROM failures f \
+                 JOIN jobs j ON j.job_id = f.job_id AND j.state = 'FAILED' \
+                 GROUP BY f.grp ORDER BY COUNT(*) DESC, f.grp",
+            )
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map([], |row| {
+                Ok(FailureGroup {
+                    group: row.get(0)?,
+                    count: row.get::<_, i64>(1)?.max(0) as u64,
+                    first: Timestamp(row.get(2)?),
+                    last: Timestamp(row.get(3)?),
+                })
+            })
+            .map_err(store_error)?;
+        rows.collect::<Result<_, _>>().map_err(store_error)
+    }
+
+    fn failed_in_group(&mut self, group: &str, limit: usize) -> Result<Vec<JobId>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT f.job_id FROM failures f \
+                 JOIN jobs j ON j.job_id = f.job_id AND j.state = 'FAILED' \
+                 WHERE f.grp = ?1 ORDER BY f.at, f.job_id LIMIT ?2",
+            )
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map(params![group, limit.min(i64::MAX as usize) as i64], |row| {
+                row.get(0)
+            })
+            .map_err(store_error)?;
+        rows.collect::<Result<_, _>>().map_err(store_error)
+    }
+
+    fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO workers (worker, host, pid, capacity, running, load, first_seen, last_seen) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
+                 ON CONFLICT (worker) DO UPDATE SET host = ?2, pid = ?3, capacity = ?4, \
+                 running = ?5, load = ?6, last_seen = MAX(last_seen, ?7)",
+            )
+            .map_err(store_error)?
+            .execute(params![
+                info.id,
+                info.host,
+                info.pid,
+                info.capacity,
+                info.running,
+                info.load,
+                now.0
+            ])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn see_worker_of(&mut self, job_id: JobId, now: Timestamp) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached(
+                "UPDATE workers SET last_seen = MAX(last_seen, ?2) WHERE worker = \
+                 (SELECT worker FROM attempts WHERE job_id = ?1 AND ended IS NULL \
+                  ORDER BY attempt_id DESC LIMIT 1)",
+            )
+            .map_err(store_error)?
+            .execute(params![job_id, now.0])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT worker, host, pid, capacity, running, load, first_seen, last_seen \
+                 FROM workers ORDER BY last_seen DESC, worker",
+            )
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map([], |row| {
+                Ok(WorkerRow {
+                    info: WorkerInfo {
+                        id: row.get(0)?,
+                        host: row.get(1)?,
+                        pid: row.get(2)?,
+                        capacity: row.get(3)?,
+                        running: row.get(4)?,
+                        load: row.get(5)?,
+                    },
+                    first_seen: Timestamp(row.get(6)?),
+                    last_seen: Timestamp(row.get(7)?),
+                    jobs: Vec::new(),
+                })
+            })
+            .map_err(store_error)?;
+        let mut workers: Vec<WorkerRow> = rows.collect::<Result<_, _>>().map_err(store_error)?;
+        let mut held = self
+            .conn
+            .prepare_cached(
+                "SELECT job_id FROM attempts WHERE worker = ?1 AND ended IS NULL ORDER BY job_id",
+            )
+            .map_err(store_error)?;
+        for worker in &mut workers {
+            worker.jobs = held
+                .query_map([&worker.info.id], |row| row.get(0))
+                .map_err(store_error)?
+                .collect::<Result<_, _>>()
+                .map_err(store_error)?;
+        }
+        Ok(workers)
+    }
+
+    fn busy_ms(&mut self, worker: &str, from: Timestamp, to: Timestamp) -> Result<i64, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT started, ended FROM attempts WHERE worker = ?1 AND started < ?3 \
+                 AND (ended IS NULL OR ended > ?2)",
+            )
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map(params![worker, from.0, to.0], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, Option<i64>>(1)?))
+            })
+            .map_err(store_error)?;
+        let mut busy = 0i64;
+        for row in rows {
+            let (started, ended) = row.map_err(store_error)?;
+            let end = ended.unwrap_or(to.0).min(to.0);
+            busy = busy.saturating_add((end - started.max(from.0)).max(0));
+        }
+        Ok(busy)
+    }
+
+    fn purge(&mut self, limits: &PurgeLimits) -> Result<PurgeCounts, JobError> {
+        let exec = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> Result<u64, JobError> {
+            self.conn
+                .execute(sql, p)
+                .map(|n| n as u64)
+                .map_err(store_error)
+        };
+        // Ended jobs past the count: mark the cutoff by the newest kept.
+        let count_cutoff: Option<i64> = self
+            .conn
+            .query_row(
+                "SELECT ended FROM archive ORDER BY ended DESC, job_id DESC LIMIT 1 OFFSET ?1",
+                [limits.history_max_count.min(i64::MAX as u64) as i64],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(store_error)?;
+        exec(
+            "CREATE TEMP TABLE IF NOT EXISTS purged (job_id INTEGER PRIMARY KEY)",
+            &[],
+        )?;
+        exec("DELETE FROM temp.purged", &[])?;
+        exec(
+            "INSERT INTO temp.purged SELECT job_id FROM archive WHERE ended < ?1",
+            &[&limits.history_before.0],
+        )?;
+        if count_cutoff.is_some() {
+            exec(
+                "INSERT OR IGNORE INTO temp.purged SELECT job_id FROM archive \
+                 ORDER BY ended DESC, job_id DESC LIMIT -1 OFFSET ?1",
+                &[&(limits.history_max_count.min(i64::MAX as u64) as i64)],
+            )?;
+        }
+        // FAILED jobs go with their archive entry (as Sidekiq's dead set
+        // is trimmed); a job that was retried since is not FAILED and stays.
+        let failed = exec(
+            "DELETE FROM jobs WHERE state = 'FAILED' AND job_id IN (SELECT job_id FROM temp.purged)",
+            &[],
+        )?;
+        let archived = exec(
+            "DELETE FROM archive WHERE job_id IN (SELECT job_id FROM temp.purged)",
+            &[],
+        )?;
+        let mut attempts = exec(
+            "DELETE FROM attempts WHERE ended IS NOT NULL AND ended < ?1",
+            &[&limits.history_before.0],
+        )?;
+        attempts += exec(
+            "DELETE FROM attempts WHERE job_id IN (SELECT job_id FROM temp.purged) \
+             AND job_id NOT IN (SELECT job_id FROM jobs)",
+            &[],
+        )?;
+        exec("DELETE FROM temp.purged", &[])?;
+        exec(
+            "DELETE FROM failures WHERE job_id NOT IN (SELECT job_id FROM jobs WHERE state = 'FAILED')",
+            &[],
+        )?;
+        let stats = exec(
+            "DELETE FROM stats WHERE hour < ?1",
+            &[&limits.stats_before.0],
+        )?;
+        let histograms = exec(
+            "UPDATE stats SET wait_histogram = NULL, run_histogram = NULL WHERE hour < ?1 \
+             AND (wait_histogram IS NOT NULL OR run_histogram IS NOT NULL)",
+            &[&limits.histograms_before.0],
+        )?;
+        let workers = exec(
+            "DELETE FROM workers WHERE last_seen < ?1 AND worker NOT IN \
+             (SELECT worker FROM attempts WHERE ended IS NULL AND worker IS NOT NULL)",
+            &[&limits.history_before.0],
+        )?;
+        Ok(PurgeCounts {
+            archived,
+            failed,
+            attempts,
+            stats,
+            histograms,
+            workers,
+        })
+    }
+}
+
+/// A transaction that refuses everything.
+impl LedgerTx for FailingTx {
+    fn add_stats(&mut self, _: &str, _: i64, _: &StatsDelta) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn stats(
+        &mut self,
+        _: Option<&NamePattern>,
+        _: Timestamp,
+        _: Timestamp,
+    ) -> Result<Vec<StatsRow>, JobError> {
+        Err(self.0.clone())
+    }
+    fn open_attempt(&mut self, _: &Attempt) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn open_attempt_of(&mut self, _: JobId) -> Result<Option<Attempt>, JobError> {
+        Err(self.0.clone())
+    }
+    fn close_attempt(&mut self, _: JobId, _: Timestamp, _: &AttemptEnd) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn discard_open_attempt(&mut self, _: JobId) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn occurrence_start(&mut self, _: JobId) -> Result<Option<Timestamp>, JobError> {
+        Err(self.0.clone())
+    }
+    fn attempts(&mut self, _: JobId) -> Result<Vec<Attempt>, JobError> {
+        Err(self.0.clone())
+    }
+    fn archive(&mut self, _: &ArchivedJob) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn archived(&mut self, _: JobId) -> Result<Option<ArchivedJob>, JobError> {
+        Err(self.0.clone())
+    }
+    fn set_failure(&mut self, _: JobId, _: &str, _: Timestamp) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn clear_failure(&mut self, _: JobId) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn failure_groups(&mut self) -> Result<Vec<FailureGroup>, JobError> {
+        Err(self.0.clone())
+    }
+    fn failed_in_group(&mut self, _: &str, _: usize) -> Result<Vec<JobId>, JobError> {
+        Err(self.0.clone())
+    }
+    fn see_worker(&mut self, _: &WorkerInfo, _: Timestamp) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn see_worker_of(&mut self, _: JobId, _: Timestamp) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError> {
+        Err(self.0.clone())
+    }
+    fn busy_ms(&mut self, _: &str, _: Timestamp, _: Timestamp) -> Result<i64, JobError> {
+        Err(self.0.clone())
+    }
+    fn purge(&mut self, _: &PurgeLimits) -> Result<PurgeCounts, JobError> {
+        Err(self.0.clone())
+    }
+}
