@@ -94,6 +94,12 @@ pub enum JobCommand {
         /// The jobID.
         id: String,
     },
+    /// Show a job's history: every attempt (worker, times, outcome, exit
+    /// code or signal, output tail), and the job as it ended if it did.
+    History {
+        /// The jobID.
+        id: String,
+    },
     /// Replace a job's data, and optionally its repeat, priority or next run.
     Update {
         /// The jobID.
@@ -211,7 +217,7 @@ fn json_arg(flag: &str, text: &str) -> Result<Value, CliError> {
         .map_err(|e| CliError::Usage(format!("--{flag} is not valid JSON: {e}")))
 }
 
-fn id_arg(id: &str) -> Result<i64, CliError> {
+pub(super) fn id_arg(id: &str) -> Result<i64, CliError> {
     match id.trim().parse::<i64>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(CliError::Usage(format!(
@@ -233,7 +239,7 @@ fn data_field(data: Option<String>) -> Result<Option<Value>, CliError> {
     data.map(|d| json_arg("data", &d)).transpose()
 }
 
-fn client(connection: &Connection) -> Result<(HttpClient, Format), CliError> {
+pub(super) fn client(connection: &Connection) -> Result<(HttpClient, Format), CliError> {
     Ok((
         HttpClient::new(&connection.server, connection.token.clone())?,
         Format::choose(connection.format),
@@ -311,6 +317,20 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             match format {
                 Format::Json => print_value(&answer),
                 Format::Text => print_job(&answer),
+            }
+        }
+        JobCommand::History { id } => {
+            let (client, format) = client(connection)?;
+            let answer = client
+                .quick(
+                    Method::GET,
+                    &format!("/jobs/{}/history", id_arg(&id)?),
+                    None,
+                )
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => super::reports::print_history(&answer),
             }
         }
         JobCommand::Update {

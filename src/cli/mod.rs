@@ -4,6 +4,7 @@
 mod check_config;
 mod job;
 mod output;
+mod reports;
 mod server;
 mod service;
 mod shell;
@@ -56,6 +57,14 @@ pub enum Command {
     Server(ServerArgs),
     /// Create, get, inspect and report on jobs of a running server.
     Job(JobArgs),
+    /// Show a server's statistics per job name: jobs added, started, finished, failed and retried, wait, run and service times, and queue depth.
+    Stats(reports::StatsArgs),
+    /// List failure groups, the jobs in one, or retry or delete a whole group.
+    Failures(reports::FailuresArgs),
+    /// List the supervisors a server has seen, with their capacity, load, utilisation and jobs; those not seen lately are gone.
+    Workers(reports::WorkersArgs),
+    /// Purge now the history, statistics and workers that retention no longer keeps.
+    Purge(reports::PurgeArgs),
     /// Check the supervisor's configuration and print it, with where each value came from.
     CheckConfig(Box<check_config::CheckConfigArgs>),
     /// Show what the running supervisor is doing: its gate, and each job with its worker's pid and elapsed time.
@@ -114,6 +123,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Some(Command::Server(args)) => server::run(args).await,
         Some(Command::Job(command)) => job::run(command).await,
+        Some(Command::Stats(args)) => reports::stats(args).await,
+        Some(Command::Failures(args)) => reports::failures(args).await,
+        Some(Command::Workers(args)) => reports::workers(args).await,
+        Some(Command::Purge(args)) => reports::purge(args).await,
         Some(Command::CheckConfig(args)) => check_config::run(*args),
         Some(Command::Completions(args)) => shell::completions(args),
         Some(Command::Status(args)) => status::run(*args),

@@ -15,6 +15,7 @@ mod edges;
 mod hostile;
 mod hostile_workers;
 mod leases;
+mod ledger;
 mod lifecycle;
 mod long_poll;
 mod metrics;

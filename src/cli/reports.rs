@@ -1,0 +1,424 @@
+//! `jobmgr stats`, `jobmgr failures`, `jobmgr workers`, `jobmgr purge` and
+//! the text form of `jobmgr job history`: a running server's ledger, as
+//! tables for people and JSON (the server's answer as it is) for programs.
+
+use std::time::Duration;
+
+use clap::Args;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::CliError;
+use super::job::{Connection, client};
+use super::output::{Format, print_jobs, print_value};
+
+/// Options of `jobmgr stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Only names matching this GLOB or comma list.
+    #[arg(long, value_name = "GLOB")]
+    name: Option<String>,
+    /// One point per hour or per day (UTC).
+    #[arg(long, value_name = "PERIOD", default_value = "hour", value_parser = ["hour", "day"])]
+    period: String,
+    /// From this time, "YYYY-MM-DD HH:MM:SS" UTC [default: a day of hours, or 30 days].
+    #[arg(long, value_name = "TIME")]
+    from: Option<String>,
+    /// Up to this time [default: the end of the current period].
+    #[arg(long, value_name = "TIME")]
+    to: Option<String>,
+}
+
+/// Options of `jobmgr failures`.
+#[derive(Debug, Args)]
+pub struct FailuresArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// A failure group (such as exit:3, signal:SIGKILL, timeout, oom, no_worker, lease_lost) to list or act on.
+    group: Option<String>,
+    /// Queue the group's jobs again, earliest failure first, as new (attempts counted afresh).
+    #[arg(long, requires = "group", conflicts_with = "delete")]
+    retry: bool,
+    /// Delete the group's jobs, earliest failure first.
+    #[arg(long, requires = "group")]
+    delete: bool,
+    /// How many jobs to list, retry or delete [default: 100 listed; all, up to 10000, acted on].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    count: Option<u64>,
+}
+
+/// Options of `jobmgr workers`.
+#[derive(Debug, Args)]
+pub struct WorkersArgs {
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Options of `jobmgr purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    #[command(flatten)]
+    connection: Connection,
+}
+
+fn query(pairs: &[(&str, Option<String>)]) -> Result<String, CliError> {
+    let pairs: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (*k, v)))
+        .collect();
+    serde_urlencoded::to_string(pairs).map_err(|e| CliError::Usage(e.to_string()))
+}
+
+/// A group name as a path segment; the server checks the group's form.
+fn group_path(group: &str) -> String {
+    group
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b':' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+/// Seconds for a table: `1.5s`, `2m03s`, `1h05m`, or `-`.
+fn secs(value: &Value) -> String {
+    let Some(secs) = value.as_f64() else {
+        return "-".into();
+    };
+    if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else if secs < 3600.0 {
+        format!("{}m{:02}s", (secs / 60.0) as u64, (secs % 60.0) as u64)
+    } else {
+        format!(
+            "{}h{:02}m",
+            (secs / 3600.0) as u64,
+            ((secs % 3600.0) / 60.0) as u64
+        )
+    }
+}
+
+/// `jobmgr stats`.
+pub async fn stats(args: StatsArgs) -> Result<(), CliError> {
+    let (client, format) = client(&args.connection)?;
+    let query = query(&[
+        ("name", args.name),
+        ("period", Some(args.period)),
+        ("from", args.from),
+        ("to", args.to),
+    ])?;
+    let answer = client
+        .quick(Method::GET, &format!("/stats?{query}"), None)
+        .await?;
+    if format == Format::Json {
+        print_value(&answer);
+        return Ok(());
+    }
+    println!(
+        "{} to {}, per {}",
+        answer["from"].as_str().unwrap_or(""),
+        answer["to"].as_str().unwrap_or(""),
+        answer["period"].as_str().unwrap_or("")
+    );
+    println!(
+        "{:>7} {:>7} {:>8} {:>6} {:>7}  {:>8} {:>8} {:>8} {:>8}  {:<24} NAME",
+        "ADDED",
+        "STARTED",
+        "FINISHED",
+        "FAILED",
+        "RETRIED",
+        "WAIT",
+        "WAIT MAX",
+        "RUN",
+        "SERVICE",
+        "QUEUED/RUNNING/FAILED"
+    );
+    let empty = Vec::new();
+    let series = answer["series"].as_array().unwrap_or(&empty);
+    let queue = &answer["queue"];
+    let mut names: Vec<&str> = series.iter().filter_map(|s| s["name"].as_str()).collect();
+    if let Some(depth) = queue.as_object() {
+        names.extend(depth.keys().map(String::as_str));
+    }
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let points = series
+            .iter()
+            .find(|s| s["name"] == name)
+            .and_then(|s| s["points"].as_array())
+            .unwrap_or(&empty);
+        let line = Totals::of(points);
+        let depth = &queue[name];
+        let count = |state: &str| depth[state].as_u64().unwrap_or(0);
+        println!(
+            "{:>7} {:>7} {:>8} {:>6} {:>7}  {:>8} {:>8} {:>8} {:>8}  {:<24} {name}",
+            line.added,
+            line.started,
+            line.finished,
+            line.failed,
+            line.retried,
+            secs(&line.wait_mean),
+            secs(&line.wait_max),
+            secs(&line.run_mean),
+            secs(&line.service_mean),
+            format!(
+                "{}/{}/{}",
+                count("QUEUED") + count("RUNQUEUED"),
+                count("RUNNING"),
+                count("FAILED")
+            ),
+        );
+    }
+    let total = &answer["total"];
+    println!(
+        "{:>7} {:>7} {:>8} {:>6} {:>7}  {:>8} {:>8} {:>8} {:>8}  {:<24} (all)",
+        total["added"],
+        total["started"],
+        total["finished"],
+        total["failed"],
+        total["retried"],
+        secs(&total["wait"]["mean"]),
+        secs(&total["wait"]["max"]),
+        secs(&total["run"]["mean"]),
+        secs(&total["service"]["mean"]),
+        "",
+    );
+    Ok(())
+}
+
+/// A name's figures over all its points (counts add; means weigh by count).
+struct Totals {
+    added: u64,
+    started: u64,
+    finished: u64,
+    failed: u64,
+    retried: u64,
+    wait_mean: Value,
+    wait_max: Value,
+    run_mean: Value,
+    service_mean: Value,
+}
+
+impl Totals {
+    fn of(points: &[Value]) -> Totals {
+        let sum = |key: &str| points.iter().filter_map(|p| p[key].as_u64()).sum::<u64>();
+        let mean = |key: &str| {
+            let (count, total) = points.iter().fold((0u64, 0.0), |(n, t), p| {
+                let c = p[key]["count"].as_u64().unwrap_or(0);
+                (n + c, t + p[key]["mean"].as_f64().unwrap_or(0.0) * c as f64)
+            });
+            if count == 0 {
+                Value::Null
+            } else {
+                json!(total / count as f64)
+            }
+        };
+        let max = |key: &str| {
+            points
+                .iter()
+                .filter_map(|p| p[key]["max"].as_f64())
+                .reduce(f64::max)
+                .map_or(Value::Null, |m| json!(m))
+        };
+        Totals {
+            added: sum("added"),
+            started: sum("started"),
+            finished: sum("finished"),
+            failed: sum("failed"),
+            retried: sum("retried"),
+            wait_mean: mean("wait"),
+            wait_max: max("wait"),
+            run_mean: mean("run"),
+            service_mean: mean("service"),
+        }
+    }
+}
+
+/// `jobmgr failures`.
+pub async fn failures(args: FailuresArgs) -> Result<(), CliError> {
+    let (client, format) = client(&args.connection)?;
+    let Some(group) = args.group else {
+        let answer = client.quick(Method::GET, "/failures", None).await?;
+        match format {
+            Format::Json => print_value(&answer),
+            Format::Text => {
+                println!("{:>7}  {:<19}  {:<19}  GROUP", "JOBS", "FIRST", "LAST");
+                for group in answer["groups"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:>7}  {:<19}  {:<19}  {}",
+                        group["count"],
+                        group["first"].as_str().unwrap_or(""),
+                        group["last"].as_str().unwrap_or(""),
+                        group["group"].as_str().unwrap_or("")
+                    );
+                }
+            }
+        }
+        return Ok(());
+    };
+    let path = format!("/failures/{}", group_path(&group));
+    let action = if args.retry {
+        Some(("retry", "retried"))
+    } else if args.delete {
+        Some(("delete", "deleted"))
+    } else {
+        None
+    };
+    if let Some((verb, done)) = action {
+        let body = match args.count {
+            Some(count) => json!({"count": count}),
+            None => json!({}),
+        };
+        let answer = client
+            .call(
+                Method::POST,
+                &format!("{path}/{verb}"),
+                Some(&body),
+                Duration::from_secs(120),
+            )
+            .await?;
+        match format {
+            Format::Json => print_value(&answer),
+            Format::Text => println!("{done} {} jobs of {group}", answer[done]),
+        }
+        return Ok(());
+    }
+    let limit = args.count.map(|c| c.to_string());
+    let query = query(&[("limit", limit)])?;
+    let answer = client
+        .quick(Method::GET, &format!("{path}?{query}"), None)
+        .await?;
+    match format {
+        Format::Json => print_value(&answer),
+        Format::Text => print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[])),
+    }
+    Ok(())
+}
+
+/// `jobmgr workers`.
+pub async fn workers(args: WorkersArgs) -> Result<(), CliError> {
+    let (client, format) = client(&args.connection)?;
+    let answer = client.quick(Method::GET, "/workers", None).await?;
+    if format == Format::Json {
+        print_value(&answer);
+        return Ok(());
+    }
+    println!(
+        "{:<6}  {:>8}  {:>7}  {:>5}  {:>5}  {:<19}  {:<40}  JOBS",
+        "STATE", "CAPACITY", "RUNNING", "LOAD", "UTIL", "LAST SEEN", "WORKER"
+    );
+    for worker in answer["workers"].as_array().into_iter().flatten() {
+        let jobs: Vec<String> = worker["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(Value::to_string)
+            .collect();
+        println!(
+            "{:<6}  {:>8}  {:>7}  {:>5}  {:>5}  {:<19}  {:<40}  {}",
+            worker["state"].as_str().unwrap_or(""),
+            worker["capacity"],
+            worker["running"],
+            worker["load"]
+                .as_f64()
+                .map_or("-".into(), |l| format!("{l:.2}")),
+            worker["utilisation"]
+                .as_f64()
+                .map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
+            worker["lastSeen"].as_str().unwrap_or(""),
+            worker["id"].as_str().unwrap_or(""),
+            jobs.join(",")
+        );
+    }
+    Ok(())
+}
+
+/// `jobmgr purge`.
+pub async fn purge(args: PurgeArgs) -> Result<(), CliError> {
+    let (client, format) = client(&args.connection)?;
+    let answer = client
+        .call(
+            Method::POST,
+            "/purge",
+            Some(&json!({})),
+            Duration::from_secs(300),
+        )
+        .await?;
+    match format {
+        Format::Json => print_value(&answer),
+        Format::Text => {
+            for (what, count) in answer.as_object().into_iter().flatten() {
+                println!("{what:>10}: {count}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The text form of a job's history.
+pub fn print_history(history: &Value) {
+    let id = &history["jobID"];
+    match (&history["job"], &history["archived"]) {
+        (Value::Object(job), _) => println!(
+            "job {id} {}: {}",
+            job.get("name").and_then(Value::as_str).unwrap_or(""),
+            job.get("state").and_then(Value::as_str).unwrap_or("")
+        ),
+        (_, Value::Object(ended)) => println!(
+            "job {id} {}: {} at {}{}",
+            ended.get("name").and_then(Value::as_str).unwrap_or(""),
+            ended.get("state").and_then(Value::as_str).unwrap_or(""),
+            ended.get("ended").and_then(Value::as_str).unwrap_or(""),
+            ended
+                .get("failure")
+                .and_then(Value::as_str)
+                .map(|f| format!(" ({f})"))
+                .unwrap_or_default()
+        ),
+        _ => println!("job {id}: no longer queued, and not archived"),
+    }
+    println!(
+        "{:>3}  {:<19}  {:>8}  {:>8}  {:<12}  {:<16}  WORKER",
+        "#", "STARTED", "WAIT", "RUN", "OUTCOME", "EXIT"
+    );
+    for attempt in history["attempts"].as_array().into_iter().flatten() {
+        let exit = match (
+            &attempt["exitCode"],
+            &attempt["signal"],
+            &attempt["failure"],
+        ) {
+            (Value::Number(code), _, _) => format!("exit {code}"),
+            (_, Value::String(signal), _) => signal.clone(),
+            (_, _, Value::String(failure)) => failure.clone(),
+            _ => "-".into(),
+        };
+        println!(
+            "{:>3}  {:<19}  {:>8}  {:>8}  {:<12}  {:<16}  {}",
+            attempt["attempt"],
+            attempt["started"].as_str().unwrap_or(""),
+            secs(&attempt["waitSecs"]),
+            secs(&attempt["runSecs"]),
+            attempt["outcome"].as_str().unwrap_or(""),
+            exit,
+            attempt["worker"].as_str().unwrap_or("-")
+        );
+        for stream in ["stdout", "stderr"] {
+            if let Some(text) = attempt[stream].as_str().filter(|t| !t.trim().is_empty()) {
+                println!("     {stream}:");
+                for line in text
+                    .lines()
+                    .rev()
+                    .take(10)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                {
+                    println!("       {line}");
+                }
+            }
+        }
+    }
+}
