@@ -1,5 +1,7 @@
 //! [`JobSource`] over the HTTP/JSON API.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reqwest::Method;
@@ -7,13 +9,24 @@ use serde_json::{Value, json};
 
 use super::source::{JobSource, LeasedJob, Report, SourceError};
 use super::{ClientError, HttpClient};
-use crate::protocol::{CreateJob, Data, JobId, WorkerInfo};
+use crate::protocol::{CreateJob, Data, JobId, RunFacts, WorkerInfo};
 use crate::server::store::BoxFuture;
 
 /// A job server reached over HTTP.
 #[derive(Debug, Clone)]
 pub struct HttpSource {
     client: HttpClient,
+    /// Set once the server refused the `worker` and `run` fields (a server
+    /// older than this supervisor, during a rolling upgrade): from then on
+    /// they are not sent.
+    older_server: Arc<AtomicBool>,
+}
+
+/// Whether the server refused a request for carrying `field`, which an older
+/// server does not know.
+fn refused_field(error: &ClientError, field: &str) -> bool {
+    matches!(error, ClientError::Api { status: 400, message, .. }
+        if message.contains(&format!("unknown field `{field}`")))
 }
 
 impl HttpSource {
@@ -21,6 +34,7 @@ impl HttpSource {
     pub fn new(url: &str, token: Option<String>) -> Result<Self, ClientError> {
         Ok(HttpSource {
             client: HttpClient::new(url, token)?,
+            older_server: Arc::new(AtomicBool::new(false)),
         })
     }
 }
@@ -48,25 +62,39 @@ impl HttpSource {
         lease: Duration,
         worker: Option<&WorkerInfo>,
     ) -> Result<Vec<LeasedJob>, SourceError> {
-        let mut body = json!({
+        let body = json!({
             "name": pattern,
             "numResults": count.max(1),
             "waitMs": wait.as_millis() as u64,
             "leaseMs": lease.as_millis() as u64,
         });
-        if let Some(worker) = worker {
-            body["worker"] = json!(worker);
+        let timeout = wait + Duration::from_secs(30);
+        let answer = match worker.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
+            Some(worker) => {
+                let mut with_worker = body.clone();
+                with_worker["worker"] = json!(worker);
+                match self
+                    .client
+                    .call(Method::POST, "/dequeue", Some(&with_worker), timeout)
+                    .await
+                {
+                    Err(error) if refused_field(&error, "worker") => {
+                        self.older_server.store(true, Ordering::Relaxed);
+                        tracing::warn!("the job server does not keep a worker registry (it is older than this supervisor); not identifying to it");
+                        self.client
+                            .call(Method::POST, "/dequeue", Some(&body), timeout)
+                            .await
+                    }
+                    other => other,
+                }
+            }
+            None => {
+                self.client
+                    .call(Method::POST, "/dequeue", Some(&body), timeout)
+                    .await
+            }
         }
-        let answer = self
-            .client
-            .call(
-                Method::POST,
-                "/dequeue",
-                Some(&body),
-                wait + Duration::from_secs(30),
-            )
-            .await
-            .map_err(source_error)?;
+        .map_err(source_error)?;
         let jobs = answer["jobs"].as_array().ok_or_else(|| {
             SourceError::Protocol(format!("dequeue answer without jobs: {answer}"))
         })?;
@@ -105,6 +133,9 @@ impl JobSource for HttpSource {
 
     fn announce<'a>(&'a self, worker: &'a WorkerInfo) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
+            if self.older_server.load(Ordering::Relaxed) {
+                return Ok(());
+            }
             let body = json!({ "worker": worker });
             self.client
                 .quick(Method::POST, "/workers", Some(&body))
@@ -161,6 +192,16 @@ impl JobSource for HttpSource {
         lease: Option<&'a str>,
         report: &'a Report,
     ) -> BoxFuture<'a, Result<(), SourceError>> {
+        self.report_run(id, lease, report, None)
+    }
+
+    fn report_run<'a>(
+        &'a self,
+        id: JobId,
+        lease: Option<&'a str>,
+        report: &'a Report,
+        run: Option<&'a RunFacts>,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
             let mut body = serde_json::Map::new();
             if let Some(lease) = lease {
@@ -184,11 +225,29 @@ impl JobSource for HttpSource {
                 body.insert("data".into(), Value::Object(data.clone()));
             }
             let path = format!("/jobs/{id}/{}", report.kind());
-            match self
-                .client
-                .quick(Method::POST, &path, Some(&Value::Object(body)))
-                .await
-            {
+            let plain = Value::Object(body.clone());
+            let sent = match run.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
+                Some(run) => {
+                    body.insert("run".into(), json!(run));
+                    match self
+                        .client
+                        .quick(Method::POST, &path, Some(&Value::Object(body)))
+                        .await
+                    {
+                        Err(error) if refused_field(&error, "run") => {
+                            // Never lose a report to a field the server does not know.
+                            self.older_server.store(true, Ordering::Relaxed);
+                            tracing::warn!(
+                                "the job server keeps no run history (it is older than this supervisor); reporting without it"
+                            );
+                            self.client.quick(Method::POST, &path, Some(&plain)).await
+                        }
+                        other => other,
+                    }
+                }
+                None => self.client.quick(Method::POST, &path, Some(&plain)).await,
+            };
+            match sent {
                 Ok(_) => Ok(()),
                 Err(error) => Err(match source_error(error) {
                     SourceError::LeaseLost(_) => SourceError::LeaseLost(id),
@@ -257,5 +316,28 @@ impl JobSource for HttpSource {
 
     fn describe(&self) -> String {
         self.client.base().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_servers_refusal_of_a_new_field_is_recognised() {
+        // The message the server gives for a field it does not know.
+        let refusal = ClientError::Api {
+            status: 400,
+            code: "invalid_request".into(),
+            message: "request body is not valid: unknown field `run`, expected `data` or `lease` at line 1 column 20".into(),
+        };
+        assert!(refused_field(&refusal, "run"));
+        assert!(!refused_field(&refusal, "worker"));
+        let other = ClientError::Api {
+            status: 409,
+            code: "lease_lost".into(),
+            message: "unknown field `run`".into(),
+        };
+        assert!(!refused_field(&other, "run"));
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::source::{JobSource, LeasedJob, Report, SourceError};
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
-    RetryJob, UpdateJob, WorkerInfo,
+    RetryJob, RunFacts, UpdateJob, WorkerInfo,
 };
 use crate::server::queue::Queue;
 use crate::server::store::BoxFuture;
@@ -127,6 +127,16 @@ impl JobSource for LocalSource {
         lease: Option<&'a str>,
         report: &'a Report,
     ) -> BoxFuture<'a, Result<(), SourceError>> {
+        self.report_run(id, lease, report, None)
+    }
+
+    fn report_run<'a>(
+        &'a self,
+        id: JobId,
+        lease: Option<&'a str>,
+        report: &'a Report,
+        run: Option<&'a RunFacts>,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
             let lease = lease.map(str::to_string);
             let result = match report {
@@ -136,6 +146,7 @@ impl JobSource for LocalSource {
                             id,
                             data: data.clone(),
                             lease,
+                            run: run.cloned(),
                         })
                         .await
                 }
@@ -145,6 +156,7 @@ impl JobSource for LocalSource {
                             id,
                             data: data.clone(),
                             lease,
+                            run: run.cloned(),
                         })
                         .await
                 }
@@ -158,6 +170,7 @@ impl JobSource for LocalSource {
                     cmd.ignore_repeat = *ignore_repeat;
                     cmd.data = data.clone();
                     cmd.lease = lease;
+                    cmd.run = run.cloned();
                     self.queue.retry(cmd).await
                 }
             };

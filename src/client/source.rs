@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::protocol::{CreateJob, Data, JobId, WorkerInfo};
+use crate::protocol::{CreateJob, Data, JobId, RunFacts, WorkerInfo};
 use crate::server::store::BoxFuture;
 
 /// A job handed to this supervisor.
@@ -211,6 +211,20 @@ pub trait JobSource: Send + Sync {
         lease: Option<&'a str>,
         report: &'a Report,
     ) -> BoxFuture<'a, Result<(), SourceError>>;
+
+    /// As [`JobSource::report`], with what the supervisor saw of the run
+    /// (exit code or signal, output tails) for the server's history.
+    /// Servers that keep no history are told as by `report`.
+    fn report_run<'a>(
+        &'a self,
+        id: JobId,
+        lease: Option<&'a str>,
+        report: &'a Report,
+        run: Option<&'a RunFacts>,
+    ) -> BoxFuture<'a, Result<(), SourceError>> {
+        let _ = run;
+        self.report(id, lease, report)
+    }
 
     /// Creates a job (used to declare recurring jobs from configuration).
     fn create<'a>(&'a self, job: &'a CreateJob) -> BoxFuture<'a, Result<JobId, SourceError>> {

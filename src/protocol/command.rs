@@ -133,6 +133,8 @@ pub struct FinishJob {
     pub data: Option<Data>,
     /// The lease token from the hand-out; a stale one is refused.
     pub lease: Option<String>,
+    /// What the supervisor saw of the run, for the job's history.
+    pub run: Option<super::RunFacts>,
 }
 
 /// RetryJob.
@@ -154,6 +156,8 @@ pub struct RetryJob {
     pub ignore_repeat: bool,
     /// The lease token from the hand-out.
     pub lease: Option<String>,
+    /// What the supervisor saw of the run, for the job's history.
+    pub run: Option<super::RunFacts>,
 }
 
 impl RetryJob {
@@ -168,6 +172,7 @@ impl RetryJob {
             priority: None,
             ignore_repeat: false,
             lease: None,
+            run: None,
         }
     }
 }
@@ -181,6 +186,8 @@ pub struct FailJob {
     pub data: Option<Data>,
     /// The lease token from the hand-out.
     pub lease: Option<String>,
+    /// What the supervisor saw of the run, for the job's history.
+    pub run: Option<super::RunFacts>,
 }
 
 /// RequeueJobs.

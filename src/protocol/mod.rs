@@ -17,7 +17,7 @@ pub use job::{Job, JobId, JobState, Lease, Priority};
 pub use pattern::NamePattern;
 pub use repeat::{Modifier, Repeat, RepeatBase};
 pub use time::Timestamp;
-pub use worker::WorkerInfo;
+pub use worker::{RunFacts, WorkerInfo};
 
 /// The longest job name accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;

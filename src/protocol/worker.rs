@@ -69,6 +69,53 @@ impl WorkerInfo {
     }
 }
 
+/// The most output of one stream a run report carries, in bytes; the
+/// server keeps the last 4 KiB.
+pub const MAX_RUN_OUTPUT: usize = 64 * 1024;
+
+/// What a supervisor saw of one run of a job, sent with its report so that
+/// the server can record the attempt: how the worker ended and the tails of
+/// its output. (The Bedrock port has no room for it; there the details
+/// travel in the data's `_jobmgr` key, for failures only.)
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RunFacts {
+    /// The worker's exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it (`SIGKILL`), when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// The tail of its stdout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    /// The tail of its stderr.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+}
+
+impl RunFacts {
+    /// Refuses a signal name that is not 1 to 32 letters, digits or `_`,
+    /// and output over [`MAX_RUN_OUTPUT`].
+    pub fn check(&self) -> Result<(), JobError> {
+        if let Some(signal) = &self.signal
+            && (signal.is_empty()
+                || signal.len() > 32
+                || !signal
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        {
+            return Err(JobError::Malformed("run.signal"));
+        }
+        for (field, text) in [("run.stdout", &self.stdout), ("run.stderr", &self.stderr)] {
+            if text.as_ref().is_some_and(|t| t.len() > MAX_RUN_OUTPUT) {
+                return Err(JobError::Malformed(field));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +128,33 @@ mod tests {
         main.check().unwrap();
         let pool = WorkerInfo::this_process(Some("batch"), 2);
         assert!(pool.id.ends_with("/batch"), "{}", pool.id);
+    }
+
+    #[test]
+    fn run_facts_are_checked() {
+        let good = RunFacts {
+            exit_code: Some(3),
+            signal: Some("SIGKILL".into()),
+            stdout: Some("x".repeat(MAX_RUN_OUTPUT)),
+            stderr: None,
+        };
+        good.check().unwrap();
+        for bad in [
+            RunFacts {
+                signal: Some(String::new()),
+                ..good.clone()
+            },
+            RunFacts {
+                signal: Some("SIG KILL".into()),
+                ..good.clone()
+            },
+            RunFacts {
+                stderr: Some("x".repeat(MAX_RUN_OUTPUT + 1)),
+                ..good.clone()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?} was taken");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ use super::spool::Spooled;
 use super::worker_path::WorkerPath;
 use super::{Generation, Shared};
 use crate::client::{LeasedJob, Report, SourceError};
+use crate::protocol::RunFacts;
 use crate::protocol::{Data, MAX_DATA_BYTES, data_len};
 
 /// The least time between two progress updates of one job.
@@ -71,13 +72,13 @@ impl JobTask {
             attempt,
             repeats: self.repeats(),
         };
-        let decision = match self.run_worker(facts, on_board).await {
-            Ok(decision) => decision,
+        let (decision, run) = match self.run_worker(facts, on_board).await {
+            Ok(ran) => ran,
             Err(why) => {
                 if let NotRun::Busy(reason) = &why {
                     self.shared.back_off(reason);
                 }
-                report::decide_not_run(&why, facts, &retry)
+                (report::decide_not_run(&why, facts, &retry), None)
             }
         };
         let elapsed = started.elapsed();
@@ -88,7 +89,7 @@ impl JobTask {
             _ => tracing::warn!(?elapsed, attempt, "{}", decision.summary),
         }
         if let Some(report) = decision.report {
-            self.deliver(report).await;
+            self.deliver(report, run).await;
         }
     }
 
@@ -107,7 +108,7 @@ impl JobTask {
         &self,
         facts: JobFacts<'_>,
         on_board: Arc<super::status::OnBoard>,
-    ) -> Result<Decision, NotRun> {
+    ) -> Result<(Decision, Option<RunFacts>), NotRun> {
         let attempt = facts.attempt;
         let settings = &self.generation.settings;
         let job_settings = self.job_settings();
@@ -148,14 +149,14 @@ impl JobTask {
                 tokio::select! {
                     permit = slots.acquire_owned() => permit.ok(),
                     _ = worker_stop.cancelled() => {
-                        return Ok(if lease_lost.load(Ordering::SeqCst) {
+                        return Ok((if lease_lost.load(Ordering::SeqCst) {
                             Decision { report: None, summary: "the lease was lost while waiting for a slot".into() }
                         } else {
                             Decision {
                                 report: Some(Report::Retry { delay_secs: 0, ignore_repeat: true, data: None }),
                                 summary: "stopped by shutdown while waiting for a slot; handed back".into(),
                             }
-                        });
+                        }, None));
                     }
                 }
             }
@@ -270,7 +271,7 @@ impl JobTask {
             run_started.elapsed().as_secs_f64(),
             finished.ending == process::Ending::TimedOut,
         );
-        Ok(decision)
+        Ok((decision, Some(report::run_facts(&finished))))
     }
 
     /// The worker's whole environment: the allowed variables of the
@@ -298,9 +299,14 @@ impl JobTask {
 
     /// Sends the report; if the server is unreachable, spools it for the
     /// courier.
-    async fn deliver(&self, report: Report) {
+    async fn deliver(&self, report: Report, run: Option<RunFacts>) {
         let lease = self.job.lease.as_deref();
-        match self.shared.source.report(self.job.id, lease, &report).await {
+        match self
+            .shared
+            .source
+            .report_run(self.job.id, lease, &report, run.as_ref())
+            .await
+        {
             Ok(()) => {}
             Err(SourceError::Unavailable(error)) => {
                 let spooled = Spooled {
@@ -308,6 +314,7 @@ impl JobTask {
                     job_name: self.job.name.clone(),
                     lease: self.job.lease.clone(),
                     report,
+                    run,
                 };
                 match self.shared.spool.put(&spooled) {
                     Ok(path) => {

@@ -41,10 +41,6 @@ use launcher::Launcher;
 pub use settings::Settings;
 use spool::Spool;
 
-/// How often a supervisor whose gate stays closed tells the server it is
-/// alive (a fetch does so otherwise).
-const PRESENCE_EVERY: Duration = Duration::from_secs(30);
-
 /// What the outside world asks of a running supervisor (signals, mostly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
@@ -356,8 +352,8 @@ impl Supervisor {
         let mut backoff = Duration::from_secs(1);
         let mut logged_mode = None;
         // Who this pool is, for the server's worker registry; the server
-        // hears from it at every fetch, and every PRESENCE_EVERY while the
-        // gate is closed.
+        // hears from it at every fetch, and once per poll-wait while the
+        // gate is closed (so no more often than a fetch would).
         let mut presence = WorkerInfo::this_process(
             settings.pool.as_deref(),
             u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX),
@@ -448,7 +444,7 @@ impl Supervisor {
                         }
                         last_closed = Some(closed.name());
                     }
-                    if last_presence.elapsed() >= PRESENCE_EVERY {
+                    if last_presence.elapsed() >= settings.poll_wait.max(Duration::from_secs(1)) {
                         last_presence = Instant::now();
                         presence.running = u32::try_from(workers.len()).unwrap_or(u32::MAX);
                         presence.capacity =
@@ -747,7 +743,12 @@ async fn deliver_spooled(shared: &Shared) -> bool {
     for (path, spooled) in &pending {
         match shared
             .source
-            .report(spooled.job_id, spooled.lease.as_deref(), &spooled.report)
+            .report_run(
+                spooled.job_id,
+                spooled.lease.as_deref(),
+                &spooled.report,
+                spooled.run.as_ref(),
+            )
             .await
         {
             Ok(()) => {

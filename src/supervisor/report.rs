@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::process::{Ending, Finished};
 use crate::client::Report;
-use crate::protocol::{Data, MAX_DATA_BYTES, data_len};
+use crate::protocol::{Data, MAX_DATA_BYTES, RunFacts, data_len};
 
 /// The data key holding the last outcome's details.
 pub const DETAILS_KEY: &str = "_jobmgr";
@@ -320,6 +320,42 @@ fn fitted(data: &Data, details: Value) -> Option<Data> {
         "the job's data is at the 1 MiB cap, so this outcome's details are not stored in it"
     );
     None
+}
+
+/// What the server's history keeps of a run: how it ended and the last
+/// 4 KiB of each stream (the server keeps no more).
+pub fn run_facts(finished: &Finished) -> RunFacts {
+    let tail = |text: &str| crate::server::ledger::failure::tail(text, 4096);
+    let (exit_code, signal) = match finished.ending {
+        Ending::Exited(code) => (Some(code), None),
+        Ending::Signaled(signal) => (None, Some(signal_name(signal))),
+        Ending::TimedOut | Ending::Stopped => (
+            None,
+            Some(
+                if finished.killed {
+                    "SIGKILL"
+                } else {
+                    "SIGTERM"
+                }
+                .to_string(),
+            ),
+        ),
+    };
+    // The server takes letters, digits and `_` (`signal 42` becomes `signal42`).
+    let signal = signal
+        .map(|s| {
+            s.chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .take(32)
+                .collect::<String>()
+        })
+        .filter(|s| !s.is_empty());
+    RunFacts {
+        exit_code,
+        signal,
+        stdout: Some(tail(&finished.stdout.text)),
+        stderr: Some(tail(&finished.stderr.text)),
+    }
 }
 
 /// A delay in whole seconds, rounded up so that "later" is never "now".

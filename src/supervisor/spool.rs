@@ -26,6 +26,10 @@ pub struct Spooled {
     pub lease: Option<String>,
     /// The report.
     pub report: Report,
+    /// What the supervisor saw of the run (absent in reports spooled by
+    /// older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<crate::protocol::RunFacts>,
 }
 
 /// The spool directory, held under an exclusive lock (`.lock` in it) so
@@ -158,6 +162,11 @@ mod tests {
                 ignore_repeat: true,
                 data: None,
             },
+            run: Some(crate::protocol::RunFacts {
+                exit_code: Some(3),
+                stderr: Some("oops".into()),
+                ..Default::default()
+            }),
         };
         let path = spool.put(&report).unwrap();
         let dir = spool.dir().to_path_buf();
@@ -172,6 +181,14 @@ mod tests {
         assert_eq!(reopened.pending().unwrap(), vec![(path.clone(), report)]);
         reopened.remove(&path);
         assert!(reopened.pending().unwrap().is_empty());
+        // A report spooled by a version without run facts still reads.
+        let old =
+            r#"{"job_id":8,"job_name":"x","lease":null,"report":{"kind":"finish","data":null}}"#;
+        std::fs::write(spool.dir().join("8-x-finish.json"), old).unwrap();
+        let pending = reopened.pending().unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].1.run, None);
+        reopened.remove(&pending[0].0);
         std::fs::write(spool.dir().join("junk.json"), "{").unwrap();
         assert!(reopened.pending().unwrap().is_empty());
         assert!(spool.dir().join("junk.bad").exists());

@@ -332,6 +332,14 @@ fn every_attempt_is_recorded_with_its_worker_outcome_and_output() {
         "{second}"
     );
     assert_eq!(second["worker"], me.as_str());
+    assert_eq!(second["exitCode"], 0, "{second}");
+    assert!(
+        second["stdout"]
+            .as_str()
+            .unwrap()
+            .contains(r#"{"sent": true}"#),
+        "{second}"
+    );
     // Times in order, and a retry delay of at least a second between runs.
     let started = |a: &Value| a["started"].as_str().unwrap().to_string();
     let ended = |a: &Value| a["ended"].as_str().unwrap().to_string();
@@ -722,4 +730,87 @@ fn a_supervisor_that_is_no_longer_seen_is_marked_gone() {
     }
     let (_, workers) = api.get("/workers");
     assert_eq!(workers["workers"].as_array().unwrap().len(), 1, "{workers}");
+}
+
+#[test]
+fn a_report_carries_what_the_supervisor_saw_and_bad_facts_change_nothing() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "facts/one"}));
+    let lease = api.take("facts/one")["lease"].as_str().unwrap().to_string();
+    // A supervisor newer than the server sends fields the server does not
+    // know; the refusal names the field, which is how it falls back.
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/finish"),
+        json!({"lease": lease, "bogus": 1}),
+    );
+    assert_eq!(status, 400);
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `bogus`"),
+        "{answer}"
+    );
+    for bad in [
+        json!({"signal": "SIG KILL"}),
+        json!({"stdout": "x".repeat(64 * 1024 + 1)}),
+        json!({"exitCode": "zero"}),
+        json!({"exitCode": 0, "colour": "red"}),
+    ] {
+        let (status, answer) = api.post(
+            &format!("/jobs/{id}/finish"),
+            json!({"lease": lease, "run": bad}),
+        );
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(
+            api.state(id).as_deref(),
+            Some("RUNNING"),
+            "a refused report changes nothing"
+        );
+    }
+    let tail = format!("{}the end\n", "x".repeat(10_000));
+    let run = json!({"exitCode": 0, "stdout": tail, "stderr": ""});
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/finish"),
+        json!({"lease": lease, "run": run}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (_, history) = api.get(&format!("/jobs/{id}/history"));
+    let attempt = &history["attempts"][0];
+    assert_eq!(attempt["exitCode"], 0);
+    let stdout = attempt["stdout"].as_str().unwrap();
+    assert_eq!(stdout.len(), 4096, "the last 4 KiB are kept");
+    assert!(stdout.ends_with("the end\n"));
+}
+
+#[test]
+fn a_supervisor_whose_gate_is_closed_still_says_it_is_alive() {
+    let server = Server::start();
+    let api = server.api();
+    let supervisor = Supervisor::builder(&server.url)
+        .arg("--job-name")
+        .arg("idle/*")
+        .arg("--max-load")
+        .arg("1")
+        .start();
+    supervisor.set_load(50.0);
+    let pid = supervisor.pid();
+    // Tests poll every 5 s, so it is heard from within about that.
+    let me = poll("the supervisor to announce itself with its load", || {
+        let (_, workers) = api.get("/workers");
+        workers["workers"]
+            .as_array()?
+            .iter()
+            .find(|w| w["pid"] == pid && w["load"] == 50.0)
+            .cloned()
+    });
+    assert_eq!(
+        [&me["state"], &me["running"]],
+        [&json!("active"), &json!(0)],
+        "{me}"
+    );
+    // The load it reported stopped it taking jobs.
+    let id = api.create(json!({"name": "idle/none"}));
+    assert_eq!(api.state(id).as_deref(), Some("QUEUED"));
 }

@@ -233,6 +233,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
                 id: params.job_id()?,
                 data: params.data()?,
                 lease: None,
+                run: None,
             };
             queue.finish(cmd).await?;
             Ok(Answer::empty())
@@ -261,6 +262,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
                 priority: params.priority()?,
                 ignore_repeat: params.flag("ignoreRepeat")?,
                 lease: None,
+                run: None,
             };
             queue.retry(cmd).await?;
             Ok(Answer::empty())
@@ -270,6 +272,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
                 id: params.job_id()?,
                 data: params.data()?,
                 lease: None,
+                run: None,
             };
             queue.fail(cmd).await?;
             Ok(Answer::empty())

@@ -7,8 +7,8 @@ use serde_json::Value;
 
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, MAX_NUM_RESULTS,
-    NamePattern, Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, Timestamp, UpdateJob,
-    WorkerInfo, check_data, check_job_id, check_name, parse_time,
+    NamePattern, Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, RunFacts, Timestamp,
+    UpdateJob, WorkerInfo, check_data, check_job_id, check_name, parse_time,
 };
 
 /// The longest a dequeue may wait: one hour.
@@ -44,6 +44,10 @@ where
 
 fn data(value: Option<Value>) -> Result<Option<Data>, JobError> {
     value.map(check_data).transpose()
+}
+
+fn run(value: Option<RunFacts>) -> Result<Option<RunFacts>, JobError> {
+    value.map(|r| r.check().map(|()| r)).transpose()
 }
 
 fn priority(value: Option<i64>) -> Result<Option<Priority>, JobError> {
@@ -214,6 +218,8 @@ pub struct FinishJobRequest {
     data: Option<Value>,
     #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    run: Option<RunFacts>,
 }
 
 impl FinishJobRequest {
@@ -223,6 +229,7 @@ impl FinishJobRequest {
             id,
             data: data(self.data)?,
             lease: self.lease,
+            run: run(self.run)?,
         })
     }
 }
@@ -235,6 +242,8 @@ pub struct FailJobRequest {
     data: Option<Value>,
     #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    run: Option<RunFacts>,
 }
 
 impl FailJobRequest {
@@ -244,6 +253,7 @@ impl FailJobRequest {
             id,
             data: data(self.data)?,
             lease: self.lease,
+            run: run(self.run)?,
         })
     }
 }
@@ -266,6 +276,8 @@ pub struct RetryJobRequest {
     ignore_repeat: Option<bool>,
     #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    run: Option<RunFacts>,
 }
 
 impl RetryJobRequest {
@@ -283,6 +295,7 @@ impl RetryJobRequest {
             priority: priority(self.priority)?,
             ignore_repeat: self.ignore_repeat.unwrap_or(false),
             lease: self.lease,
+            run: run(self.run)?,
         })
     }
 }

@@ -11,7 +11,7 @@
 use serde_json::Value;
 
 use super::AttemptEnd;
-use crate::protocol::Data;
+use crate::protocol::{Data, RunFacts};
 
 /// The data key holding a run's details (the supervisor's `DETAILS_KEY`).
 pub const DETAILS_KEY: &str = "_jobmgr";
@@ -38,38 +38,48 @@ pub fn valid_group(group: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b':' | b'-' | b'+'))
 }
 
-/// How a reported run ended, from the details in `data` (if any):
-/// `outcome` is the report (`finished`, `retried` or `failed`).
-pub fn reported_end(outcome: &str, data: Option<&Data>) -> AttemptEnd {
+/// How a reported run ended: `outcome` is the report (`finished`,
+/// `retried` or `failed`), `data` the report's data (its details, if any),
+/// and `run` what the supervisor saw, which wins where both say something.
+pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) -> AttemptEnd {
     let details = data
         .and_then(|d| d.get(DETAILS_KEY))
         .and_then(Value::as_object);
-    let text = |key: &str| {
+    let detail = |key: &str| {
         details
             .and_then(|d| d.get(key))
             .and_then(Value::as_str)
             .map(|s| tail(s, OUTPUT_TAIL_BYTES))
     };
-    let exit_code = details
-        .and_then(|d| d.get("exitCode"))
-        .and_then(Value::as_i64);
-    let signal = text("signal");
+    let exit_code = run.and_then(|r| r.exit_code.map(i64::from)).or_else(|| {
+        details
+            .and_then(|d| d.get("exitCode"))
+            .and_then(Value::as_i64)
+    });
+    let signal = run
+        .and_then(|r| r.signal.clone())
+        .or_else(|| detail("signal"));
+    let output = |stream: &str, given: Option<&String>| {
+        given
+            .map(|s| tail(s, OUTPUT_TAIL_BYTES))
+            .or_else(|| detail(stream))
+    };
     let kind = details
         .and_then(|d| d.get("outcome"))
         .and_then(Value::as_str)
-        .unwrap_or("");
+        .unwrap_or(match (exit_code, &signal) {
+            (_, Some(_)) => "signal",
+            (Some(_), None) => "exit",
+            (None, None) => "",
+        });
     let failure = (outcome != "finished").then(|| group_of(kind, exit_code, signal.as_deref()));
     AttemptEnd {
         outcome: outcome.into(),
         failure,
-        exit_code: if outcome == "finished" && details.is_none() {
-            None
-        } else {
-            exit_code
-        },
+        exit_code,
         signal,
-        stdout: text("stdout"),
-        stderr: text("stderr"),
+        stdout: output("stdout", run.and_then(|r| r.stdout.as_ref())),
+        stderr: output("stderr", run.and_then(|r| r.stderr.as_ref())),
     }
 }
 
@@ -141,15 +151,56 @@ mod tests {
             (json!("not an object"), "failed"),
         ];
         for (details, group) in cases {
-            let end = reported_end("failed", Some(&data(details.clone())));
+            let end = reported_end("failed", Some(&data(details.clone())), None);
             assert_eq!(end.failure.as_deref(), Some(group), "{details}");
             assert!(valid_group(group));
         }
         assert_eq!(
-            reported_end("failed", None).failure.as_deref(),
+            reported_end("failed", None, None).failure.as_deref(),
             Some("failed")
         );
-        assert_eq!(reported_end("finished", None).failure, None);
+        assert_eq!(reported_end("finished", None, None).failure, None);
+    }
+
+    #[test]
+    fn what_the_supervisor_saw_wins_over_the_details() {
+        let run = RunFacts {
+            exit_code: Some(0),
+            signal: None,
+            stdout: Some("sent 3 mails\n".into()),
+            stderr: Some(String::new()),
+        };
+        let finished = reported_end("finished", None, Some(&run));
+        assert_eq!(finished.exit_code, Some(0));
+        assert_eq!(finished.stdout.as_deref(), Some("sent 3 mails\n"));
+        assert_eq!(finished.failure, None);
+        // Without details (the data was at its cap), the run names the group.
+        let killed = RunFacts {
+            exit_code: None,
+            signal: Some("SIGKILL".into()),
+            ..run.clone()
+        };
+        assert_eq!(
+            reported_end("failed", None, Some(&killed))
+                .failure
+                .as_deref(),
+            Some("signal:SIGKILL")
+        );
+        let exited = RunFacts {
+            exit_code: Some(4),
+            ..run.clone()
+        };
+        assert_eq!(
+            reported_end("retried", None, Some(&exited))
+                .failure
+                .as_deref(),
+            Some("exit:4")
+        );
+        // With details, their kind names the group (a timeout ends by signal).
+        let timeout = data(json!({"outcome": "timeout", "stdout": "old"}));
+        let end = reported_end("failed", Some(&timeout), Some(&killed));
+        assert_eq!(end.failure.as_deref(), Some("timeout"));
+        assert_eq!(end.stdout.as_deref(), Some("sent 3 mails\n"));
     }
 
     #[test]
@@ -160,6 +211,7 @@ mod tests {
             Some(&data(
                 json!({"outcome": "exit", "exitCode": 1, "stdout": long, "stderr": "oops"}),
             )),
+            None,
         );
         let stdout = end.stdout.unwrap();
         assert!(stdout.len() <= OUTPUT_TAIL_BYTES);

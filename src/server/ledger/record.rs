@@ -3,7 +3,7 @@
 
 use super::failure::{self, LEASE_LOST, NO_REPORT};
 use super::{ArchivedJob, Attempt, AttemptEnd, StatsDelta, hour_of};
-use crate::protocol::{Data, Job, JobError, JobId, JobState, Timestamp, WorkerInfo};
+use crate::protocol::{Data, Job, JobError, JobId, JobState, RunFacts, Timestamp, WorkerInfo};
 use crate::server::queue::Tracked;
 
 /// A job was created.
@@ -131,15 +131,17 @@ pub fn ended(tx: &mut Tracked, job: &Job, end: AttemptEnd, leaves: Leaves) -> Re
     })
 }
 
-/// A report (FinishJob, RetryJob, FailJob) ended a run.
+/// A report (FinishJob, RetryJob, FailJob) ended a run; `data` is the
+/// report's (its `_jobmgr` details say how), `run` what the supervisor saw.
 pub fn reported(
     tx: &mut Tracked,
     job: &Job,
     outcome: &str,
     data: Option<&Data>,
+    run: Option<&RunFacts>,
     leaves: Leaves,
 ) -> Result<(), JobError> {
-    let end = failure::reported_end(outcome, data);
+    let end = failure::reported_end(outcome, data, run);
     ended(tx, job, end, leaves)
 }
 

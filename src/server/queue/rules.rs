@@ -298,9 +298,9 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         Report::Finish(f) => (f.id, &f.data, f.lease.as_deref()),
         Report::Retry(r) => (r.id, &r.data, r.lease.as_deref()),
     };
-    let outcome = match report {
-        Report::Finish(_) => "finished",
-        Report::Retry(_) => "retried",
+    let (outcome, run) = match report {
+        Report::Finish(f) => ("finished", f.run.as_ref()),
+        Report::Retry(r) => ("retried", r.run.as_ref()),
     };
     let mut job = tx.existing(id)?;
     check_lease(&job, lease)?;
@@ -350,7 +350,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
                 tx.update(&child)?;
             }
         }
-        return record::reported(tx, &job, outcome, data.as_ref(), Leaves::Stays);
+        return record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Stays);
     }
 
     let mut ignore_repeat = false;
@@ -407,20 +407,20 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         job.state = JobState::Queued;
         job.next_run = next;
         tx.update(&job)?;
-        return record::reported(tx, &job, outcome, data.as_ref(), Leaves::Stays);
+        return record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Stays);
     }
 
     if job.is_child() {
         job.state = JobState::Finished;
         tx.update(&job)?;
-        record::reported(tx, &job, outcome, data.as_ref(), Leaves::Finished)?;
+        record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Finished)?;
         resume_parent_if_done(tx, job.parent_id, &PENDING_CHILD)?;
         return Ok(());
     }
     if !tx.children(id)?.is_empty() {
         return Err(JobError::OutstandingChildren);
     }
-    record::reported(tx, &job, outcome, data.as_ref(), Leaves::Finished)?;
+    record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Finished)?;
     tx.delete(id)
 }
 
@@ -459,7 +459,14 @@ pub fn fail(tx: &mut Tracked, cmd: &FailJob) -> Result<(), JobError> {
     job.state = JobState::Failed;
     job.lease = None;
     tx.update(&job)?;
-    record::reported(tx, &job, "failed", cmd.data.as_ref(), Leaves::Failed)
+    record::reported(
+        tx,
+        &job,
+        "failed",
+        cmd.data.as_ref(),
+        cmd.run.as_ref(),
+        Leaves::Failed,
+    )
 }
 
 /// UpdateJob: new data, and optionally a new repeat, priority or next run.
