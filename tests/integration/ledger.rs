@@ -814,3 +814,30 @@ fn a_supervisor_whose_gate_is_closed_still_says_it_is_alive() {
     let id = api.create(json!({"name": "idle/none"}));
     assert_eq!(api.state(id).as_deref(), Some("QUEUED"));
 }
+
+#[test]
+fn a_retry_after_job_handed_out_again_or_deleted_closes_its_attempts() {
+    let clock = Clock::at("2026-07-01 00:00:00");
+    let server = clock.server().start();
+    let api = server.api();
+    let id = api.create(json!({"name": "ra/job", "retryAfter": "+1 MINUTE"}));
+    api.take("ra/job");
+    clock.set("2026-07-01 00:01:01");
+    // Nudge the queue: the hand-out is due again a minute later.
+    poll("the job handed out again", || {
+        let jobs = api.dequeue(json!({"name": "ra/job"}));
+        (!jobs.is_empty()).then_some(())
+    });
+    assert_eq!(api.delete(&format!("/jobs/{id}")).0, 200);
+    let (status, history) = api.get(&format!("/jobs/{id}/history"));
+    assert_eq!(status, 200, "attempts outlive a deleted job: {history}");
+    let outcomes: Vec<&str> = history["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["superseded", "deleted"], "{history}");
+    assert_eq!(history["attempts"][1]["ended"], "2026-07-01 00:01:01");
+    assert_eq!(history["job"], Value::Null);
+}

@@ -30,8 +30,8 @@ pub fn hour_of(at: Timestamp) -> i64 {
 /// How an attempt ended.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AttemptEnd {
-    /// `finished`, `retried`, `failed`, `lease_lost`, `undelivered` or
-    /// `superseded` (handed out again without a report).
+    /// `finished`, `retried`, `failed`, `lease_lost`, `superseded` (handed
+    /// out again without a report) or `deleted`.
     pub outcome: String,
     /// The failure group, for an attempt that did not finish.
     pub failure: Option<String>,

@@ -69,6 +69,19 @@ pub fn undelivered(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
     tx.store().ledger().discard_open_attempt(job_id)
 }
 
+/// A job was deleted; an attempt still open ends as `deleted`.
+pub fn deleted(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
+    let now = tx.now;
+    tx.store().ledger().close_attempt(
+        job_id,
+        now,
+        &AttemptEnd {
+            outcome: "deleted".into(),
+            ..AttemptEnd::default()
+        },
+    )
+}
+
 /// A holder renewed its lease.
 pub fn heartbeat(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
     let now = tx.now;

@@ -515,6 +515,8 @@ pub fn delete(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
     }
     tx.delete(id)?;
     tx.store().ledger().clear_failure(id)?;
+    // A RUNQUEUED job deleted while handed out: its attempt ends here.
+    record::deleted(tx, id)?;
     // A paused parent whose last pending child is deleted runs again.
     if job.is_child() {
         resume_parent_if_done(tx, job.parent_id, &PENDING_CHILD)?;

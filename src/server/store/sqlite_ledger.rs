@@ -491,6 +491,11 @@ impl LedgerTx for SqliteTx<'_> {
              AND job_id NOT IN (SELECT job_id FROM jobs)",
             &[],
         )?;
+        // Attempts left open by jobs that are gone (none should be).
+        attempts += exec(
+            "DELETE FROM attempts WHERE ended IS NULL AND job_id NOT IN (SELECT job_id FROM jobs)",
+            &[],
+        )?;
         exec("DELETE FROM temp.purged", &[])?;
         exec(
             "DELETE FROM failures WHERE job_id NOT IN (SELECT job_id FROM jobs WHERE state = 'FAILED')",
