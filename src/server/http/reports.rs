@@ -52,7 +52,10 @@ pub async fn stats(State(queue): State<Queue>, Params(params): Params<StatsParam
     };
     let from = time("from", params.from)?;
     let to = time("to", params.to)?;
-    Ok(Json(queue.stats(pattern, period, from, to).await?))
+    let window = period
+        .window(from, to, queue.now())
+        .map_err(ApiError::bad_request)?;
+    Ok(Json(queue.stats(pattern, period, window).await?))
 }
 
 /// `GET /workers`: the supervisors the server has seen.

@@ -60,6 +60,35 @@ impl Period {
             Period::Day => 30 * DAY_MS,
         }
     }
+
+    /// The window `[from, to)` of whole periods for the times asked (by
+    /// default, up to the end of the current period and back
+    /// [`Period::default_span`]); an error for people when it is empty or
+    /// holds more than 10,000 points.
+    pub fn window(
+        self,
+        from: Option<Timestamp>,
+        to: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<(Timestamp, Timestamp), String> {
+        let step = self.millis();
+        let floor = |t: Timestamp| Timestamp(t.0.div_euclid(step) * step);
+        let to = floor(to.unwrap_or_else(|| now.plus_millis(step)));
+        let from = floor(from.unwrap_or(Timestamp(to.0.saturating_sub(self.default_span()))));
+        if from >= to {
+            return Err(format!(
+                "from must be at least one {} before to",
+                self.name()
+            ));
+        }
+        if (to.0 - from.0) / step > MAX_POINTS {
+            return Err(format!(
+                "the window holds more than {MAX_POINTS} {}s; narrow from and to, or use period=day",
+                self.name()
+            ));
+        }
+        Ok((from, to))
+    }
 }
 
 /// A job's history: the job if still queued, its archive entry if it
@@ -148,27 +177,16 @@ impl Queue {
         .await
     }
 
-    /// Statistics per name and period over `[from, to)`, as chart series
-    /// with a point for every period, a total over all names, and the
-    /// queue's depth by state.
+    /// Statistics per name and period over `[from, to)` (a window from
+    /// [`Period::window`]), as chart series with a point for every period, a
+    /// total over all names, and the queue's depth by state.
     pub async fn stats(
         &self,
         pattern: Option<NamePattern>,
         period: Period,
-        from: Option<Timestamp>,
-        to: Option<Timestamp>,
+        (from, to): (Timestamp, Timestamp),
     ) -> Result<Value, JobError> {
         let step = period.millis();
-        let to = to.unwrap_or_else(|| self.now().plus_millis(step));
-        let to = Timestamp(to.0.div_euclid(step) * step);
-        let from = from.unwrap_or(Timestamp(to.0.saturating_sub(period.default_span())));
-        let from = Timestamp(from.0.div_euclid(step) * step);
-        if from >= to {
-            return Err(JobError::Malformed("from"));
-        }
-        if (to.0 - from.0) / step > MAX_POINTS {
-            return Err(JobError::Malformed("to"));
-        }
         let wanted = pattern.clone();
         let (rows, depth) = self
             .read(move |tx| {
@@ -340,5 +358,46 @@ pub(super) async fn purge_periodically(queue: Queue) {
             _ = tokio::time::sleep(every) => {}
             _ = queue.inner.shutdown.cancelled() => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> Timestamp {
+        Timestamp::parse(text).unwrap()
+    }
+
+    #[test]
+    fn windows_are_whole_periods_and_bounded() {
+        let now = at("2026-01-02 10:30:00");
+        assert_eq!(
+            Period::Hour.window(None, None, now),
+            Ok((at("2026-01-01 11:00:00"), at("2026-01-02 11:00:00")))
+        );
+        assert_eq!(
+            Period::Day.window(Some(at("2026-01-01 05:00:00")), None, now),
+            Ok((at("2026-01-01"), at("2026-01-03")))
+        );
+        assert!(
+            Period::Hour
+                .window(
+                    Some(at("2026-01-02 10:10:00")),
+                    Some(at("2026-01-02 10:50:00")),
+                    now
+                )
+                .is_err()
+        );
+        assert!(
+            Period::Hour
+                .window(Some(at("2000-01-01")), Some(at("2026-01-01")), now)
+                .is_err()
+        );
+        assert!(
+            Period::Day
+                .window(Some(at("2000-01-01")), Some(at("2026-01-01")), now)
+                .is_ok()
+        );
     }
 }
