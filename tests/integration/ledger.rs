@@ -202,7 +202,7 @@ fn statistics_match_a_scripted_run_with_known_timings() {
     );
 
     // The same figures for people.
-    let (code, text, stderr) = report(
+    let (code, text, stderr) = client_command(
         &server,
         &[
             "stats",
@@ -256,26 +256,10 @@ fn statistics_refuse_what_they_cannot_answer() {
     }
 }
 
-/// Runs a top-level `jobmgr` report command against a server.
-fn report(server: &Server, args: &[&str]) -> (i32, String, String) {
-    let output = std::process::Command::new(bin())
-        .args(args)
-        .arg("--server")
-        .arg(&server.url)
-        .env_remove("JOBMGR_TOKEN")
-        .output()
-        .expect("run jobmgr");
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
 fn report_json(server: &Server, args: &[&str]) -> Value {
     let mut args = args.to_vec();
     args.extend(["--format", "json"]);
-    let (code, stdout, stderr) = report(server, &args);
+    let (code, stdout, stderr) = client_command(server, &args);
     assert_eq!(code, 0, "jobmgr {args:?}: {stderr}");
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
@@ -354,7 +338,7 @@ fn every_attempt_is_recorded_with_its_worker_outcome_and_output() {
         "a finished job leaves the queue, as in Bedrock"
     );
     // For people: a row per attempt, with the output's tail.
-    let (code, text, _) = report(
+    let (code, text, _) = client_command(
         &server,
         &["job", "history", &id.to_string(), "--format", "text"],
     );
@@ -365,9 +349,9 @@ fn every_attempt_is_recorded_with_its_worker_outcome_and_output() {
     );
     // Unknown jobs and bad ids.
     assert_error(api.get("/jobs/99999/history"), 404, "no_such_job");
-    let (code, _, stderr) = report(&server, &["job", "history", "99999"]);
+    let (code, _, stderr) = client_command(&server, &["job", "history", "99999"]);
     assert_eq!(code, 3, "{stderr}");
-    let (code, _, _) = report(&server, &["job", "history", "abc"]);
+    let (code, _, _) = client_command(&server, &["job", "history", "abc"]);
     assert_eq!(code, 2);
 }
 
@@ -497,7 +481,7 @@ fn a_failure_group_is_listed_retried_and_deleted_in_bulk() {
     assert_eq!(exit3.unwrap()["count"], 2, "{groups}");
 
     // The rest of the group deleted at once; the other group untouched.
-    let (code, text, stderr) = report(
+    let (code, text, stderr) = client_command(
         &server,
         &["failures", "exit:3", "--delete", "--format", "text"],
     );
@@ -529,7 +513,7 @@ fn a_failure_group_is_listed_retried_and_deleted_in_bulk() {
         400,
         "invalid_request",
     );
-    let (code, _, _) = report(&server, &["failures", "exit:3", "--retry", "--count", "0"]);
+    let (code, _, _) = client_command(&server, &["failures", "exit:3", "--retry", "--count", "0"]);
     assert_eq!(code, 2);
     let (_, empty) = api.post("/failures/no_such_group/retry", json!({}));
     assert_eq!(empty["retried"], 0);
@@ -707,7 +691,7 @@ fn a_supervisor_that_is_no_longer_seen_is_marked_gone() {
         .unwrap()
         .clone();
     assert_eq!(me["state"], "gone", "{me}");
-    let (code, text, _) = report(&server, &["workers", "--format", "text"]);
+    let (code, text, _) = client_command(&server, &["workers", "--format", "text"]);
     assert_eq!(code, 0);
     let line = text
         .lines()

@@ -454,14 +454,21 @@ pub fn assert_peak_rss_within(pid: u32, baseline_kib: u64, allowance_mib: u64, w
 
 /// Runs `jobmgr job …` against a server; returns (exit code, stdout, stderr).
 pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["job"];
+    all.extend_from_slice(args);
+    client_command(server, &all)
+}
+
+/// Runs a client command (`jobmgr stats …`, `jobmgr job …`) against a
+/// server; returns (exit code, stdout, stderr).
+pub fn client_command(server: &Server, args: &[&str]) -> (i32, String, String) {
     let output = Command::new(bin())
-        .arg("job")
+        .args(args)
         .arg("--server")
         .arg(&server.url)
-        .args(args)
         .env_remove("JOBMGR_TOKEN")
         .output()
-        .expect("run jobmgr job");
+        .expect("run jobmgr");
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
