@@ -161,7 +161,11 @@ impl Queue {
         let step = period.millis();
         let to = to.unwrap_or_else(|| self.now().plus_millis(step));
         let to = Timestamp(to.0.div_euclid(step) * step);
-        let from = from.unwrap_or(Timestamp(to.0.saturating_sub(period.default_span())));
+        // Not before the earliest time that can be written (years 0000 on).
+        let from = from.unwrap_or(Timestamp(
+            to.0.saturating_sub(period.default_span())
+                .max(Timestamp::EARLIEST.0),
+        ));
         let from = Timestamp(from.0.div_euclid(step) * step);
         if from >= to {
             return Err(JobError::Malformed("from"));
