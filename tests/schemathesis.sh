@@ -22,8 +22,9 @@
 #   SEED           schemathesis' random seed [default: 1, so runs repeat]
 #
 # Dequeue waits are cut to 200 ms (tests/schemathesis_hooks.py), so that
-# the run is bounded. Exit 0 when every check passed; schemathesis' report otherwise, with the
-# server's log.
+# the run is bounded; a blank body, which the server reads as no body, is
+# not sent as "invalid JSON" where the body is optional. Exit 0 when every
+# check passed; schemathesis' report otherwise, with the server's log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -10,10 +10,10 @@ fn every_documented_operation_is_routed() {
     assert_eq!(status, 200);
     assert_eq!(doc["openapi"], "3.0.3");
     let paths = doc["paths"].as_object().expect("paths");
-    assert!(paths.len() >= 12, "{paths:?}");
+    assert!(paths.len() >= 20, "{paths:?}");
     let mut checked = 0;
     for (path, item) in paths {
-        let concrete = path.replace("{id}", "1");
+        let concrete = path.replace("{id}", "1").replace("{group}", "exit:3");
         for method in ["get", "post", "patch", "delete"] {
             if item.get(method).is_none() {
                 continue;
@@ -34,7 +34,7 @@ fn every_documented_operation_is_routed() {
             checked += 1;
         }
     }
-    assert!(checked >= 15, "only {checked} operations checked");
+    assert!(checked >= 24, "only {checked} operations checked");
 }
 
 #[test]
@@ -204,4 +204,85 @@ fn times_are_written_in_the_documented_form_or_refused() {
             );
         }
     }
+}
+
+#[test]
+fn failure_groups_are_read_and_acted_on_as_documented() {
+    let server = Server::start();
+    let api = server.api();
+    let (_, doc) = api.get("/openapi.json");
+    let key = &doc["components"]["schemas"]["FailureGroupKey"];
+    assert_eq!(key["pattern"], "^[A-Za-z0-9_:+-]{1,64}$", "{key}");
+    let bulk = &doc["components"]["schemas"]["BulkAction"];
+    assert_eq!(bulk["additionalProperties"], false, "{bulk}");
+    assert_eq!(
+        (
+            &bulk["properties"]["count"]["minimum"],
+            &bulk["properties"]["count"]["maximum"]
+        ),
+        (&serde_json::json!(1), &serde_json::json!(10000)),
+        "{bulk}"
+    );
+
+    let id = api.create(serde_json::json!({"name": "Broken"}));
+    api.take("Broken");
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/fail"),
+        serde_json::json!({"data": {"_jobmgr": {"outcome": "exit", "exitCode": 3}}}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = api.get("/failures/exit:3");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["jobs"][0]["jobID"], id, "{answer}");
+
+    // Keys outside the pattern are refused.
+    let long = "x".repeat(65);
+    for bad in ["a%20b", "a.b", "a%2Fb", long.as_str()] {
+        assert_error(api.get(&format!("/failures/{bad}")), 400, "invalid_request");
+    }
+    // So are counts outside 1..=10000, and a null one (which used to be
+    // taken as "not given"); none of them changes anything.
+    for body in [r#"{"count":null}"#, r#"{"count":0}"#, r#"{"count":10001}"#] {
+        for action in ["retry", "delete"] {
+            let (status, answer) = api.send(
+                "POST",
+                &format!("/failures/exit:3/{action}"),
+                Some(body.into()),
+            );
+            assert_eq!(status, 400, "{action} {body}: {answer}");
+        }
+    }
+    assert_eq!(api.state(id).as_deref(), Some("FAILED"));
+
+    let (status, answer) = api.post("/failures/exit:3/retry", serde_json::json!({"count": 1}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, serde_json::json!({"retried": 1, "jobIDs": [id]}));
+    assert_eq!(api.state(id).as_deref(), Some("QUEUED"));
+
+    // The history tells the failed attempt; an unknown job has none.
+    let (status, history) = api.get(&format!("/jobs/{id}/history"));
+    assert_eq!(status, 200, "{history}");
+    assert_eq!(history["attempts"][0]["failure"], "exit:3", "{history}");
+    assert_eq!(history["attempts"][0]["exitCode"], 3, "{history}");
+    assert_error(api.get("/jobs/999/history"), 404, "no_such_job");
+}
+
+#[test]
+fn statistics_never_reach_before_the_earliest_written_time() {
+    let server = Server::start();
+    let api = server.api();
+    // The default window before an early `to` used to start in the year
+    // -1, written as "-0001-12-31 00:00:00"; it now starts at the earliest
+    // time the document's form can write.
+    let (status, answer) = api.get("/stats?to=0000-01-01%2005:30:00");
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["from"], "0000-01-01 00:00:00", "{answer}");
+    assert_eq!(answer["to"], "0000-01-01 05:00:00", "{answer}");
+    // An empty window is refused.
+    assert_error(
+        api.get("/stats?to=0000-01-01%2000:30:00"),
+        400,
+        "invalid_request",
+    );
+    assert_error(api.get("/stats?period=week"), 400, "invalid_request");
 }

@@ -127,6 +127,7 @@ pub async fn failure_group(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkRequest {
+    #[serde(default, deserialize_with = "super::requests::given")]
     count: Option<u64>,
 }
 

@@ -29,7 +29,7 @@ fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<V
 /// Reads an optional field that, when present, must hold a value: `null`
 /// is refused rather than taken for "not given", as the API document says
 /// (an optional field is left out, not sent as null).
-fn given<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+pub(super) fn given<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,
     T: Deserialize<'de>,

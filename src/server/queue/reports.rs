@@ -74,7 +74,13 @@ impl Period {
         let step = self.millis();
         let floor = |t: Timestamp| Timestamp(t.0.div_euclid(step) * step);
         let to = floor(to.unwrap_or_else(|| now.plus_millis(step)));
-        let from = floor(from.unwrap_or(Timestamp(to.0.saturating_sub(self.default_span()))));
+        // Not before the earliest time that can be written (years 0000 on).
+        let from = floor(
+            from.unwrap_or(Timestamp(
+                to.0.saturating_sub(self.default_span())
+                    .max(Timestamp::EARLIEST.0),
+            )),
+        );
         if from >= to {
             return Err(format!(
                 "from must be at least one {} before to",
