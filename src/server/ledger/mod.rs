@@ -92,6 +92,17 @@ impl Attempt {
     }
 }
 
+/// An attempt as it was when it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAttempt {
+    /// The job's name at the hand-out.
+    pub name: String,
+    /// When it was handed out.
+    pub started: Timestamp,
+    /// The supervisor that took it, if it said.
+    pub worker: Option<String>,
+}
+
 /// What one event adds to an hour's statistics for a name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StatsDelta {
@@ -143,26 +154,6 @@ pub struct StatsRow {
 }
 
 impl StatsRow {
-    /// Adds an event.
-    pub fn apply(&mut self, delta: &StatsDelta) {
-        self.added += delta.added;
-        self.started += delta.started;
-        self.finished += delta.finished;
-        self.failed += delta.failed;
-        self.retried += delta.retried;
-        if let Some(ms) = delta.wait_ms {
-            self.wait.add(ms.max(0) as f64);
-            self.wait_histogram.get_or_insert_default().add(ms);
-        }
-        if let Some(ms) = delta.run_ms {
-            self.run.add(ms.max(0) as f64);
-            self.run_histogram.get_or_insert_default().add(ms);
-        }
-        if let Some(ms) = delta.service_ms {
-            self.service.add(ms.max(0) as f64);
-        }
-    }
-
     /// Adds another row's figures (for longer periods, or several names).
     pub fn merge(&mut self, other: &StatsRow) {
         self.added += other.added;

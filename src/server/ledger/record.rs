@@ -33,16 +33,14 @@ pub fn handed_out(
         ledger.see_worker(worker, now)?;
     }
     // A retryAfter job handed out again without a report.
-    if ledger.open_attempt_of(job.id)?.is_some() {
-        ledger.close_attempt(
-            job.id,
-            now,
-            &AttemptEnd {
-                outcome: "superseded".into(),
-                ..AttemptEnd::default()
-            },
-        )?;
-    }
+    ledger.close_attempt(
+        job.id,
+        now,
+        &AttemptEnd {
+            outcome: "superseded".into(),
+            ..AttemptEnd::default()
+        },
+    )?;
     ledger.open_attempt(&Attempt {
         job_id: job.id,
         name: job.name.clone(),
@@ -79,7 +77,8 @@ pub fn deleted(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
             outcome: "deleted".into(),
             ..AttemptEnd::default()
         },
-    )
+    )?;
+    Ok(())
 }
 
 /// A holder renewed its lease.
@@ -104,10 +103,9 @@ pub enum Leaves {
 pub fn ended(tx: &mut Tracked, job: &Job, end: AttemptEnd, leaves: Leaves) -> Result<(), JobError> {
     let now = tx.now;
     let ledger = tx.store().ledger();
-    let open = ledger.open_attempt_of(job.id)?;
-    if open.is_some() {
-        ledger.see_worker_of(job.id, now)?;
-        ledger.close_attempt(job.id, now, &end)?;
+    let open = ledger.close_attempt(job.id, now, &end)?;
+    if let Some(worker) = open.as_ref().and_then(|a| a.worker.as_deref()) {
+        ledger.touch_worker(worker, now)?;
     }
     let name = open.as_ref().map_or(job.name.as_str(), |a| a.name.as_str());
     let mut delta = StatsDelta::default();

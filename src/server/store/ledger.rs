@@ -3,7 +3,8 @@
 
 use crate::protocol::{JobError, JobId, NamePattern, Timestamp, WorkerInfo};
 use crate::server::ledger::{
-    ArchivedJob, Attempt, AttemptEnd, FailureGroup, PurgeCounts, StatsDelta, StatsRow, WorkerRow,
+    ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
+    WorkerRow,
 };
 
 /// What a purge removes: everything that ended before the cutoffs.
@@ -33,15 +34,13 @@ pub trait LedgerTx {
 
     /// Records a hand-out.
     fn open_attempt(&mut self, attempt: &Attempt) -> Result<(), JobError>;
-    /// The job's attempt without an ending, if any.
-    fn open_attempt_of(&mut self, job_id: JobId) -> Result<Option<Attempt>, JobError>;
-    /// Ends the job's open attempt.
+    /// Ends the job's open attempt, if it has one, and says what it was.
     fn close_attempt(
         &mut self,
         job_id: JobId,
         ended: Timestamp,
         end: &AttemptEnd,
-    ) -> Result<(), JobError>;
+    ) -> Result<Option<OpenAttempt>, JobError>;
     /// Forgets the job's open attempt (a hand-out that was never delivered).
     fn discard_open_attempt(&mut self, job_id: JobId) -> Result<(), JobError>;
     /// When the job's current occurrence entered the queue: the due time of
@@ -66,6 +65,8 @@ pub trait LedgerTx {
 
     /// Records what a supervisor says about itself.
     fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError>;
+    /// Marks a supervisor as seen.
+    fn touch_worker(&mut self, worker: &str, now: Timestamp) -> Result<(), JobError>;
     /// Marks the supervisor holding a job as seen.
     fn see_worker_of(&mut self, job_id: JobId, now: Timestamp) -> Result<(), JobError>;
     /// Every supervisor in the registry, most recently seen first.

@@ -71,20 +71,39 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX failures_group ON failures (grp, at);
     CREATE TABLE stats (
-        name           TEXT    NOT NULL,
-        hour           INTEGER NOT NULL,
-        added          INTEGER NOT NULL DEFAULT 0,
-        started        INTEGER NOT NULL DEFAULT 0,
-        finished       INTEGER NOT NULL DEFAULT 0,
-        failed         INTEGER NOT NULL DEFAULT 0,
-        retried        INTEGER NOT NULL DEFAULT 0,
-        wait           TEXT,
-        run            TEXT,
-        service        TEXT,
-        wait_histogram TEXT,
-        run_histogram  TEXT,
+        name         TEXT    NOT NULL,
+        hour         INTEGER NOT NULL,
+        added        INTEGER NOT NULL DEFAULT 0,
+        started      INTEGER NOT NULL DEFAULT 0,
+        finished     INTEGER NOT NULL DEFAULT 0,
+        failed       INTEGER NOT NULL DEFAULT 0,
+        retried      INTEGER NOT NULL DEFAULT 0,
+        wait_n       INTEGER NOT NULL DEFAULT 0,
+        wait_mean    REAL    NOT NULL DEFAULT 0,
+        wait_m2      REAL    NOT NULL DEFAULT 0,
+        wait_min     REAL,
+        wait_max     REAL,
+        run_n        INTEGER NOT NULL DEFAULT 0,
+        run_mean     REAL    NOT NULL DEFAULT 0,
+        run_m2       REAL    NOT NULL DEFAULT 0,
+        run_min      REAL,
+        run_max      REAL,
+        service_n    INTEGER NOT NULL DEFAULT 0,
+        service_mean REAL    NOT NULL DEFAULT 0,
+        service_m2   REAL    NOT NULL DEFAULT 0,
+        service_min  REAL,
+        service_max  REAL,
         PRIMARY KEY (name, hour)
     ) WITHOUT ROWID;
+    CREATE TABLE stats_histogram (
+        name   TEXT    NOT NULL,
+        hour   INTEGER NOT NULL,
+        kind   TEXT    NOT NULL,
+        bucket INTEGER NOT NULL,
+        count  INTEGER NOT NULL,
+        PRIMARY KEY (name, hour, kind, bucket)
+    ) WITHOUT ROWID;
+    CREATE INDEX stats_histogram_hour ON stats_histogram (hour);
     CREATE INDEX stats_hour ON stats (hour);
     CREATE TABLE workers (
         worker     TEXT    PRIMARY KEY,

@@ -6,8 +6,8 @@ use super::ledger::{LedgerTx, PurgeLimits};
 use super::sqlite::{FailingTx, SqliteTx, store_error};
 use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
 use crate::server::ledger::{
-    ArchivedJob, Attempt, AttemptEnd, FailureGroup, Histogram, PurgeCounts, StatsDelta, StatsRow,
-    Summary, WorkerRow,
+    ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
+    Summary, WorkerRow, histogram,
 };
 
 const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
@@ -37,25 +37,21 @@ fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
     })
 }
 
-fn summary(text: Option<String>) -> Summary {
-    text.and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default()
-}
-
-fn summary_text(summary: &Summary) -> Result<Option<String>, JobError> {
-    if summary.count == 0 {
-        return Ok(None);
-    }
-    serde_json::to_string(summary)
-        .map(Some)
-        .map_err(|e| JobError::Store(e.to_string()))
-}
-
-const STATS_COLUMNS: &str = "name, hour, added, started, finished, failed, retried, wait, run, \
-     service, wait_histogram, run_histogram";
+const STATS_COLUMNS: &str = "name, hour, added, started, finished, failed, retried, \
+     wait_n, wait_mean, wait_m2, wait_min, wait_max, run_n, run_mean, run_m2, run_min, run_max, \
+     service_n, service_mean, service_m2, service_min, service_max";
 
 fn read_stats(row: &Row<'_>) -> rusqlite::Result<StatsRow> {
     let count = |i: usize| -> rusqlite::Result<u64> { Ok(row.get::<_, i64>(i)?.max(0) as u64) };
+    let summary = |at: usize| -> rusqlite::Result<Summary> {
+        Ok(Summary {
+            count: count(at)?,
+            mean: row.get(at + 1)?,
+            m2: row.get(at + 2)?,
+            min: row.get::<_, Option<f64>>(at + 3)?.unwrap_or(0.0),
+            max: row.get::<_, Option<f64>>(at + 4)?.unwrap_or(0.0),
+        })
+    };
     Ok(StatsRow {
         name: row.get(0)?,
         hour: row.get(1)?,
@@ -64,16 +60,46 @@ fn read_stats(row: &Row<'_>) -> rusqlite::Result<StatsRow> {
         finished: count(4)?,
         failed: count(5)?,
         retried: count(6)?,
-        wait: summary(row.get(7)?),
-        run: summary(row.get(8)?),
-        service: summary(row.get(9)?),
-        wait_histogram: row
-            .get::<_, Option<String>>(10)?
-            .map(|t| Histogram::from_stored(&t)),
-        run_histogram: row
-            .get::<_, Option<String>>(11)?
-            .map(|t| Histogram::from_stored(&t)),
+        wait: summary(7)?,
+        run: summary(12)?,
+        service: summary(17)?,
+        wait_histogram: None,
+        run_histogram: None,
     })
+}
+
+/// The SET clauses that add one sample (given as `excluded.X_mean` with
+/// `excluded.X_n` = 1, or nothing with 0) to summary `X` by Welford's
+/// update; every right-hand side reads the row as it was.
+fn welford(x: &str) -> String {
+    format!(
+        "{x}_mean = CASE WHEN excluded.{x}_n = 0 THEN {x}_mean \
+           ELSE {x}_mean + (excluded.{x}_mean - {x}_mean) / ({x}_n + 1) END, \
+         {x}_m2 = CASE WHEN excluded.{x}_n = 0 THEN {x}_m2 \
+           ELSE {x}_m2 + (excluded.{x}_mean - {x}_mean) \
+             * (excluded.{x}_mean - ({x}_mean + (excluded.{x}_mean - {x}_mean) / ({x}_n + 1))) END, \
+         {x}_min = CASE WHEN excluded.{x}_n = 0 THEN {x}_min \
+           ELSE MIN(COALESCE({x}_min, excluded.{x}_min), excluded.{x}_min) END, \
+         {x}_max = CASE WHEN excluded.{x}_n = 0 THEN {x}_max \
+           ELSE MAX(COALESCE({x}_max, excluded.{x}_max), excluded.{x}_max) END, \
+         {x}_n = {x}_n + excluded.{x}_n"
+    )
+}
+
+/// Adds one event to an hour's row in one statement, without reading it.
+fn add_stats_sql() -> String {
+    format!(
+        "INSERT INTO stats ({STATS_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
+           ?8, COALESCE(?9, 0), 0, ?9, ?9, ?10, COALESCE(?11, 0), 0, ?11, ?11, \
+           ?12, COALESCE(?13, 0), 0, ?13, ?13) \
+         ON CONFLICT (name, hour) DO UPDATE SET \
+           added = added + excluded.added, started = started + excluded.started, \
+           finished = finished + excluded.finished, failed = failed + excluded.failed, \
+           retried = retried + excluded.retried, {}, {}, {}",
+        welford("wait"),
+        welford("run"),
+        welford("service")
+    )
 }
 
 fn read_archived(row: &Row<'_>) -> rusqlite::Result<ArchivedJob> {
@@ -92,43 +118,43 @@ fn read_archived(row: &Row<'_>) -> rusqlite::Result<ArchivedJob> {
 
 impl LedgerTx for SqliteTx<'_> {
     fn add_stats(&mut self, name: &str, hour: i64, delta: &StatsDelta) -> Result<(), JobError> {
-        let mut row = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {STATS_COLUMNS} FROM stats WHERE name = ?1 AND hour = ?2"
-            ))
-            .map_err(store_error)?
-            .query_row(params![name, hour], read_stats)
-            .optional()
-            .map_err(store_error)?
-            .unwrap_or_else(|| StatsRow {
-                name: name.to_string(),
-                hour,
-                ..StatsRow::default()
-            });
-        row.apply(delta);
+        // A sample, or no sample: count 0 and no value (so no min or max).
+        let sample = |ms: Option<i64>| (i64::from(ms.is_some()), ms.map(|ms| ms.max(0) as f64));
+        let (wait_n, wait) = sample(delta.wait_ms);
+        let (run_n, run) = sample(delta.run_ms);
+        let (service_n, service) = sample(delta.service_ms);
         self.conn
-            .prepare_cached(
-                "INSERT OR REPLACE INTO stats (name, hour, added, started, finished, failed, retried, \
-                 wait, run, service, wait_histogram, run_histogram) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            )
+            .prepare_cached(&add_stats_sql())
             .map_err(store_error)?
             .execute(params![
-                row.name,
-                row.hour,
-                row.added as i64,
-                row.started as i64,
-                row.finished as i64,
-                row.failed as i64,
-                row.retried as i64,
-                summary_text(&row.wait)?,
-                summary_text(&row.run)?,
-                summary_text(&row.service)?,
-                row.wait_histogram.as_ref().map(Histogram::to_stored),
-                row.run_histogram.as_ref().map(Histogram::to_stored),
+                name,
+                hour,
+                delta.added as i64,
+                delta.started as i64,
+                delta.finished as i64,
+                delta.failed as i64,
+                delta.retried as i64,
+                wait_n,
+                wait,
+                run_n,
+                run,
+                service_n,
+                service,
             ])
             .map_err(store_error)?;
+        for (kind, ms) in [("wait", delta.wait_ms), ("run", delta.run_ms)] {
+            if let Some(ms) = ms {
+                self.conn
+                    .prepare_cached(
+                        "INSERT INTO stats_histogram (name, hour, kind, bucket, count) \
+                         VALUES (?1, ?2, ?3, ?4, 1) \
+                         ON CONFLICT (name, hour, kind, bucket) DO UPDATE SET count = count + 1",
+                    )
+                    .map_err(store_error)?
+                    .execute(params![name, hour, kind, histogram::bucket(ms) as i64])
+                    .map_err(store_error)?;
+            }
+        }
         Ok(())
     }
 
@@ -147,14 +173,51 @@ impl LedgerTx for SqliteTx<'_> {
         let rows = statement
             .query_map(params![from.0, to.0], read_stats)
             .map_err(store_error)?;
-        let mut out = Vec::new();
+        let mut out: std::collections::BTreeMap<(String, i64), StatsRow> = Default::default();
         for row in rows {
             let row = row.map_err(store_error)?;
             if pattern.is_none_or(|p| p.matches(&row.name)) {
-                out.push(row);
+                out.insert((row.name.clone(), row.hour), row);
             }
         }
-        Ok(out)
+        let mut buckets = self
+            .conn
+            .prepare_cached(
+                "SELECT name, hour, kind, bucket, count FROM stats_histogram \
+                 WHERE hour >= ?1 AND hour < ?2",
+            )
+            .map_err(store_error)?;
+        let buckets = buckets
+            .query_map(params![from.0, to.0], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, i64>(3)?,
+                    row.get::<_, i64>(4)?,
+                ))
+            })
+            .map_err(store_error)?;
+        for bucket in buckets {
+            let (name, hour, kind, bucket, count) = bucket.map_err(store_error)?;
+            let (Some(row), Ok(bucket)) = (out.get_mut(&(name, hour)), usize::try_from(bucket))
+            else {
+                continue;
+            };
+            if bucket >= histogram::bucket_count() {
+                continue;
+            }
+            let histogram = match kind.as_str() {
+                "wait" => &mut row.wait_histogram,
+                "run" => &mut row.run_histogram,
+                _ => continue,
+            };
+            histogram
+                .get_or_insert_default()
+                .0
+                .insert(bucket, count.max(0) as u64);
+        }
+        Ok(out.into_values().collect())
     }
 
     fn open_attempt(&mut self, attempt: &Attempt) -> Result<(), JobError> {
@@ -176,42 +239,40 @@ impl LedgerTx for SqliteTx<'_> {
         Ok(())
     }
 
-    fn open_attempt_of(&mut self, job_id: JobId) -> Result<Option<Attempt>, JobError> {
-        self.conn
-            .prepare_cached(&format!(
-                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ?1 AND ended IS NULL \
-                 ORDER BY attempt_id DESC LIMIT 1"
-            ))
-            .map_err(store_error)?
-            .query_row([job_id], read_attempt)
-            .optional()
-            .map_err(store_error)
-    }
-
     fn close_attempt(
         &mut self,
         job_id: JobId,
         ended: Timestamp,
         end: &AttemptEnd,
-    ) -> Result<(), JobError> {
+    ) -> Result<Option<OpenAttempt>, JobError> {
         self.conn
             .prepare_cached(
                 "UPDATE attempts SET ended = ?2, outcome = ?3, failure = ?4, exit_code = ?5, \
-                 signal = ?6, stdout = ?7, stderr = ?8 WHERE job_id = ?1 AND ended IS NULL",
+                 signal = ?6, stdout = ?7, stderr = ?8 WHERE job_id = ?1 AND ended IS NULL \
+                 RETURNING name, started, worker",
             )
             .map_err(store_error)?
-            .execute(params![
-                job_id,
-                ended.0,
-                end.outcome,
-                end.failure,
-                end.exit_code,
-                end.signal,
-                end.stdout,
-                end.stderr,
-            ])
-            .map_err(store_error)?;
-        Ok(())
+            .query_row(
+                params![
+                    job_id,
+                    ended.0,
+                    end.outcome,
+                    end.failure,
+                    end.exit_code,
+                    end.signal,
+                    end.stdout,
+                    end.stderr,
+                ],
+                |row| {
+                    Ok(OpenAttempt {
+                        name: row.get(0)?,
+                        started: Timestamp(row.get(1)?),
+                        worker: row.get(2)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(store_error)
     }
 
     fn discard_open_attempt(&mut self, job_id: JobId) -> Result<(), JobError> {
@@ -362,6 +423,15 @@ impl LedgerTx for SqliteTx<'_> {
         Ok(())
     }
 
+    fn touch_worker(&mut self, worker: &str, now: Timestamp) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached("UPDATE workers SET last_seen = MAX(last_seen, ?2) WHERE worker = ?1")
+            .map_err(store_error)?
+            .execute(params![worker, now.0])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
     fn see_worker_of(&mut self, job_id: JobId, now: Timestamp) -> Result<(), JobError> {
         self.conn
             .prepare_cached(
@@ -506,9 +576,8 @@ impl LedgerTx for SqliteTx<'_> {
             &[&limits.stats_before.0],
         )?;
         let histograms = exec(
-            "UPDATE stats SET wait_histogram = NULL, run_histogram = NULL WHERE hour < ?1 \
-             AND (wait_histogram IS NOT NULL OR run_histogram IS NOT NULL)",
-            &[&limits.histograms_before.0],
+            "DELETE FROM stats_histogram WHERE hour < ?1",
+            &[&limits.histograms_before.0.max(limits.stats_before.0)],
         )?;
         let workers = exec(
             "DELETE FROM workers WHERE last_seen < ?1 AND worker NOT IN \
@@ -542,10 +611,12 @@ impl LedgerTx for FailingTx {
     fn open_attempt(&mut self, _: &Attempt) -> Result<(), JobError> {
         Err(self.0.clone())
     }
-    fn open_attempt_of(&mut self, _: JobId) -> Result<Option<Attempt>, JobError> {
-        Err(self.0.clone())
-    }
-    fn close_attempt(&mut self, _: JobId, _: Timestamp, _: &AttemptEnd) -> Result<(), JobError> {
+    fn close_attempt(
+        &mut self,
+        _: JobId,
+        _: Timestamp,
+        _: &AttemptEnd,
+    ) -> Result<Option<OpenAttempt>, JobError> {
         Err(self.0.clone())
     }
     fn discard_open_attempt(&mut self, _: JobId) -> Result<(), JobError> {
@@ -576,6 +647,9 @@ impl LedgerTx for FailingTx {
         Err(self.0.clone())
     }
     fn see_worker(&mut self, _: &WorkerInfo, _: Timestamp) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn touch_worker(&mut self, _: &str, _: Timestamp) -> Result<(), JobError> {
         Err(self.0.clone())
     }
     fn see_worker_of(&mut self, _: JobId, _: Timestamp) -> Result<(), JobError> {
