@@ -194,7 +194,7 @@ pub async fn report(scale: Scale) -> String {
     // 1. Throughput.
     out.push_str("## Server throughput: create → dequeue → finish\n\n");
     out.push_str(&format!(
-        "Each client loops on its own job name: CreateJob, take it (HTTP: `/dequeue` with a lease; Bedrock: GetJob), FinishJob (HTTP: with the lease token). Three durable commits per cycle. Each client has one persistent connection. {} runs of {:?} each on a fresh server; median (min–max).\n\n",
+        "Each client loops on its own job name: CreateJob, take it (HTTP: `/dequeue` with a lease; Bedrock: GetJob), FinishJob (HTTP: with the lease token). Three durable commits per cycle, which also write the ledger (the attempt opened and closed, hourly statistics and histograms, the archive). Each client has one persistent connection. {} runs of {:?} each on a fresh server; median (min–max).\n\n",
         scale.repeats, scale.cycle_run
     ));
     out.push_str("| clients | HTTP cycles/s | Bedrock cycles/s |\n| --- | --- | --- |\n");

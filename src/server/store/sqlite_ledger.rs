@@ -87,7 +87,7 @@ fn welford(x: &str) -> String {
 }
 
 /// Adds one event to an hour's row in one statement, without reading it.
-fn add_stats_sql() -> String {
+static ADD_STATS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "INSERT INTO stats ({STATS_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
            ?8, COALESCE(?9, 0), 0, ?9, ?9, ?10, COALESCE(?11, 0), 0, ?11, ?11, \
@@ -100,7 +100,7 @@ fn add_stats_sql() -> String {
         welford("run"),
         welford("service")
     )
-}
+});
 
 fn read_archived(row: &Row<'_>) -> rusqlite::Result<ArchivedJob> {
     let data: String = row.get(3)?;
@@ -124,7 +124,7 @@ impl LedgerTx for SqliteTx<'_> {
         let (run_n, run) = sample(delta.run_ms);
         let (service_n, service) = sample(delta.service_ms);
         self.conn
-            .prepare_cached(&add_stats_sql())
+            .prepare_cached(&ADD_STATS_SQL)
             .map_err(store_error)?
             .execute(params![
                 name,
