@@ -82,6 +82,16 @@ fn group_path(group: &str) -> String {
         .collect()
 }
 
+/// A JSON value as a table cell: strings bare, `-` for null. (`Value`'s
+/// own `Display` ignores width and alignment, so it cannot fill a column.)
+fn cell(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
 /// Seconds for a table: `1.5s`, `2m03s`, `1h05m`, or `-`.
 fn secs(value: &Value) -> String {
     let Some(secs) = value.as_f64() else {
@@ -175,11 +185,11 @@ pub async fn stats(args: StatsArgs) -> Result<(), CliError> {
     let total = &answer["total"];
     println!(
         "{:>7} {:>7} {:>8} {:>6} {:>7}  {:>8} {:>8} {:>8} {:>8}  {:<24} (all)",
-        total["added"],
-        total["started"],
-        total["finished"],
-        total["failed"],
-        total["retried"],
+        cell(&total["added"]),
+        cell(&total["started"]),
+        cell(&total["finished"]),
+        cell(&total["failed"]),
+        cell(&total["retried"]),
         secs(&total["wait"]["mean"]),
         secs(&total["wait"]["max"]),
         secs(&total["run"]["mean"]),
@@ -245,11 +255,11 @@ pub async fn failures(args: FailuresArgs) -> Result<(), CliError> {
         match format {
             Format::Json => print_value(&answer),
             Format::Text => {
-                println!("{:>7}  {:<19}  {:<19}  GROUP", "JOBS", "FIRST", "LAST");
+                println!("{:>7}  {:<23}  {:<23}  GROUP", "JOBS", "FIRST", "LAST");
                 for group in answer["groups"].as_array().into_iter().flatten() {
                     println!(
-                        "{:>7}  {:<19}  {:<19}  {}",
-                        group["count"],
+                        "{:>7}  {:<23}  {:<23}  {}",
+                        cell(&group["count"]),
                         group["first"].as_str().unwrap_or(""),
                         group["last"].as_str().unwrap_or(""),
                         group["group"].as_str().unwrap_or("")
@@ -307,7 +317,7 @@ pub async fn workers(args: WorkersArgs) -> Result<(), CliError> {
         return Ok(());
     }
     println!(
-        "{:<6}  {:>8}  {:>7}  {:>5}  {:>5}  {:<19}  {:<40}  JOBS",
+        "{:<6}  {:>8}  {:>7}  {:>5}  {:>5}  {:<23}  {:<40}  JOBS",
         "STATE", "CAPACITY", "RUNNING", "LOAD", "UTIL", "LAST SEEN", "WORKER"
     );
     for worker in answer["workers"].as_array().into_iter().flatten() {
@@ -318,10 +328,10 @@ pub async fn workers(args: WorkersArgs) -> Result<(), CliError> {
             .map(Value::to_string)
             .collect();
         println!(
-            "{:<6}  {:>8}  {:>7}  {:>5}  {:>5}  {:<19}  {:<40}  {}",
+            "{:<6}  {:>8}  {:>7}  {:>5}  {:>5}  {:<23}  {:<40}  {}",
             worker["state"].as_str().unwrap_or(""),
-            worker["capacity"],
-            worker["running"],
+            cell(&worker["capacity"]),
+            cell(&worker["running"]),
             worker["load"]
                 .as_f64()
                 .map_or("-".into(), |l| format!("{l:.2}")),
@@ -381,7 +391,7 @@ pub fn print_history(history: &Value) {
         _ => println!("job {id}: no longer queued, and not archived"),
     }
     println!(
-        "{:>3}  {:<19}  {:>8}  {:>8}  {:<12}  {:<16}  WORKER",
+        "{:>3}  {:<23}  {:>8}  {:>8}  {:<12}  {:<16}  WORKER",
         "#", "STARTED", "WAIT", "RUN", "OUTCOME", "EXIT"
     );
     for attempt in history["attempts"].as_array().into_iter().flatten() {
@@ -396,8 +406,8 @@ pub fn print_history(history: &Value) {
             _ => "-".into(),
         };
         println!(
-            "{:>3}  {:<19}  {:>8}  {:>8}  {:<12}  {:<16}  {}",
-            attempt["attempt"],
+            "{:>3}  {:<23}  {:>8}  {:>8}  {:<12}  {:<16}  {}",
+            cell(&attempt["attempt"]),
             attempt["started"].as_str().unwrap_or(""),
             secs(&attempt["waitSecs"]),
             secs(&attempt["runSecs"]),

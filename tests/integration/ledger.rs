@@ -229,6 +229,27 @@ fn statistics_match_a_scripted_run_with_known_timings() {
         ["3", "3", "2", "1", "0", "5.3s", "9.0s", "5.0s", "12.3s"],
         "{text}"
     );
+    assert_column_lines_up(&text, "NAME");
+}
+
+/// Every row after the header line holding `label` has a value starting
+/// exactly under `label`: the columns before it are padded to width.
+fn assert_column_lines_up(text: &str, label: &str) {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = lines
+        .find(|l| l.contains(label))
+        .unwrap_or_else(|| panic!("no {label} header in {text}"));
+    let at = header.find(label).unwrap();
+    let mut rows = 0;
+    for row in lines {
+        let bytes = row.as_bytes();
+        assert!(
+            bytes.len() > at && bytes[at - 1] == b' ' && bytes[at] != b' ',
+            "{label} starts at column {at}, but not in {row:?}:\n{text}"
+        );
+        rows += 1;
+    }
+    assert!(rows > 0, "no rows under {label} in {text}");
 }
 
 #[test]
@@ -346,6 +367,10 @@ fn every_attempt_is_recorded_with_its_worker_outcome_and_output() {
     assert!(
         text.contains("FINISHED") && text.contains("exit 3") && text.contains("no route to host"),
         "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("  1  2")),
+        "the attempt number fills its column: {text}"
     );
     // Unknown jobs and bad ids.
     assert_error(api.get("/jobs/99999/history"), 404, "no_such_job");
@@ -479,6 +504,12 @@ fn a_failure_group_is_listed_retried_and_deleted_in_bulk() {
         .iter()
         .find(|g| g["group"] == "exit:3");
     assert_eq!(exit3.unwrap()["count"], 2, "{groups}");
+
+    // For people: one row per group, in columns.
+    let (code, text, stderr) = client_command(&server, &["failures", "--format", "text"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(text.contains("exit:3"), "{text}");
+    assert_column_lines_up(&text, "GROUP");
 
     // The rest of the group deleted at once; the other group untouched.
     let (code, text, stderr) = client_command(
@@ -698,6 +729,7 @@ fn a_supervisor_that_is_no_longer_seen_is_marked_gone() {
         .find(|l| l.contains(&format!("-{pid}")))
         .unwrap_or_else(|| panic!("{text}"));
     assert!(line.starts_with("gone"), "{text}");
+    assert_column_lines_up(&text, "WORKER");
 
     // Hostile identities are refused and change nothing.
     for bad in [
