@@ -1,9 +1,11 @@
 //! The SQLite schema and its migrations. `PRAGMA user_version` records how
 //! many migrations a database has had; each release only appends.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction, params};
 
 use super::sqlite::StoreOpenError;
+use crate::protocol::Data;
+use crate::server::ledger::failure;
 
 /// Each entry upgrades the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -120,6 +122,30 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes.
 pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// The version that added the ledger (attempts, failure groups, statistics).
+const LEDGER_VERSION: usize = 2;
+
+/// Puts the FAILED jobs of a store older than the ledger into failure
+/// groups, read from the run details their data carries (as a FailJob's
+/// would be), so that `jobmgr failures` lists them and can retry them. Their
+/// failure time is their last run. They get no archive entry, so retention
+/// never purges them: only an operator's retry or delete removes them.
+fn group_earlier_failures(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let mut failed = tx.prepare(
+        "SELECT job_id, data, COALESCE(last_run, created) FROM jobs \
+         WHERE state = 'FAILED' AND job_id NOT IN (SELECT job_id FROM failures)",
+    )?;
+    let mut group = tx.prepare("INSERT INTO failures (job_id, grp, at) VALUES (?1, ?2, ?3)")?;
+    let mut rows = failed.query([])?;
+    while let Some(row) = rows.next()? {
+        let data = serde_json::from_str::<Data>(&row.get::<_, String>(1)?).ok();
+        let end = failure::reported_end("failed", data.as_ref(), None);
+        let grp = end.failure.unwrap_or_else(|| "failed".into());
+        group.execute(params![row.get::<_, i64>(0)?, grp, row.get::<_, i64>(2)?])?;
+    }
+    Ok(())
+}
+
 /// Brings the database up to [`CURRENT_VERSION`], one transaction per
 /// migration. Refuses a database written by a newer jobmgr.
 pub fn migrate(conn: &mut Connection) -> Result<(), StoreOpenError> {
@@ -133,9 +159,89 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreOpenError> {
     for (index, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
+        if index + 1 == LEDGER_VERSION {
+            group_earlier_failures(&tx)?;
+        }
         tx.execute_batch(&format!("PRAGMA user_version = {}", index + 1))?;
         tx.commit()?;
         tracing::info!(version = index + 1, "migrated job store schema");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store as the first release left it: one queued job, and FAILED
+    /// jobs with and without the supervisor's run details.
+    fn first_release_store() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch("PRAGMA user_version = 1").unwrap();
+        for (id, state, data, last_run) in [
+            (1, "QUEUED", r#"{"a":1}"#, None),
+            (
+                2,
+                "FAILED",
+                r#"{"_jobmgr":{"outcome":"exit","exitCode":3}}"#,
+                Some(5_000),
+            ),
+            (3, "FAILED", r#"{"b":2}"#, None),
+            (4, "FAILED", "not json", Some(7_000)),
+        ] {
+            conn.execute(
+                "INSERT INTO jobs (job_id, name, state, data, priority, created, next_run, last_run) \
+                 VALUES (?1, 'n', ?2, ?3, 500, 1000, 1000, ?4)",
+                params![id, state, data, last_run],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
+    #[test]
+    fn upgrading_keeps_every_job_and_groups_earlier_failures() {
+        let mut conn = first_release_store();
+        migrate(&mut conn).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, CURRENT_VERSION);
+        let jobs: Vec<(i64, String, String)> = conn
+            .prepare("SELECT job_id, state, data FROM jobs ORDER BY job_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(jobs.len(), 4, "{jobs:?}");
+        assert_eq!(jobs[0], (1, "QUEUED".into(), r#"{"a":1}"#.into()));
+        let groups: Vec<(i64, String, i64)> = conn
+            .prepare("SELECT job_id, grp, at FROM failures ORDER BY job_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            groups,
+            [
+                (2, "exit:3".into(), 5_000),
+                (3, "failed".into(), 1_000),
+                (4, "failed".into(), 7_000)
+            ]
+        );
+        // Nothing was archived, so retention cannot purge them.
+        let archived: i64 = conn
+            .query_row("SELECT COUNT(*) FROM archive", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(archived, 0);
+        // Migrating again changes nothing.
+        migrate(&mut conn).unwrap();
+        let count: i64 = conn
+            .query_row("SELECT COUNT(*) FROM failures", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(count, 3);
+    }
 }
