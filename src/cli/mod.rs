@@ -57,7 +57,7 @@ pub enum Command {
     Server(ServerArgs),
     /// Create, get, inspect and report on jobs of a running server.
     Job(JobArgs),
-    /// Show a server's statistics per job name: jobs added, started, finished, failed and retried, wait, run and service times, and queue depth.
+    /// Show a server's statistics per job name: jobs added, started, finished, failed and retried, wait, run and service times, and queue depth; or per supervisor (--workers): runs, busy time, capacity and utilisation.
     Stats(reports::StatsArgs),
     /// List failure groups, the jobs in one, or retry or delete a whole group.
     Failures(reports::FailuresArgs),

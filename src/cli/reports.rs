@@ -20,6 +20,13 @@ pub struct StatsArgs {
     /// Only names matching this GLOB or comma list.
     #[arg(long, value_name = "GLOB")]
     name: Option<String>,
+    /// Per supervisor instead of per name: runs reported, their executing
+    /// time, busy time, capacity offered and utilisation.
+    #[arg(long, conflicts_with = "name")]
+    workers: bool,
+    /// With --workers: only supervisors whose id matches this GLOB.
+    #[arg(long, value_name = "GLOB", requires = "workers")]
+    worker: Option<String>,
     /// One point per hour or per day (UTC).
     #[arg(long, value_name = "PERIOD", default_value = "hour", value_parser = ["hour", "day"])]
     period: String,
@@ -92,12 +99,14 @@ fn cell(value: &Value) -> String {
     }
 }
 
-/// Seconds for a table: `1.5s`, `2m03s`, `1h05m`, or `-`.
+/// Seconds for a table: `25ms`, `1.5s`, `2m03s`, `1h05m`, or `-`.
 fn secs(value: &Value) -> String {
     let Some(secs) = value.as_f64() else {
         return "-".into();
     };
-    if secs < 60.0 {
+    if secs < 1.0 {
+        format!("{:.0}ms", secs * 1000.0)
+    } else if secs < 60.0 {
         format!("{secs:.1}s")
     } else if secs < 3600.0 {
         format!("{}m{:02}s", (secs / 60.0) as u64, (secs % 60.0) as u64)
@@ -110,28 +119,42 @@ fn secs(value: &Value) -> String {
     }
 }
 
+/// The heading of a statistics table: its window and period.
+fn print_window(answer: &Value, what: &str) {
+    println!(
+        "{} to {}, per {}{what}",
+        answer["from"].as_str().unwrap_or(""),
+        answer["to"].as_str().unwrap_or(""),
+        answer["period"].as_str().unwrap_or("")
+    );
+}
+
 /// `jobmgr stats`.
 pub async fn stats(args: StatsArgs) -> Result<(), CliError> {
     let (client, format) = client(&args.connection)?;
+    let (path, filter) = if args.workers {
+        ("/stats/workers", ("worker", args.worker))
+    } else {
+        ("/stats", ("name", args.name))
+    };
     let query = query(&[
-        ("name", args.name),
+        filter,
         ("period", Some(args.period)),
         ("from", args.from),
         ("to", args.to),
     ])?;
     let answer = client
-        .quick(Method::GET, &format!("/stats?{query}"), None)
+        .quick(Method::GET, &format!("{path}?{query}"), None)
         .await?;
     if format == Format::Json {
         print_value(&answer);
         return Ok(());
     }
-    println!(
-        "{} to {}, per {}",
-        answer["from"].as_str().unwrap_or(""),
-        answer["to"].as_str().unwrap_or(""),
-        answer["period"].as_str().unwrap_or("")
-    );
+    if args.workers {
+        print_worker_stats(&answer);
+        return Ok(());
+    }
+    print_window(&answer, "");
     println!(
         "{:>7} {:>7} {:>8} {:>6} {:>7}  {:>8} {:>8} {:>8} {:>8}  {:<24} NAME",
         "ADDED",
@@ -197,6 +220,36 @@ pub async fn stats(args: StatsArgs) -> Result<(), CliError> {
         "",
     );
     Ok(())
+}
+
+/// The text form of `GET /stats/workers`: a row per supervisor, its
+/// figures over the whole window.
+fn print_worker_stats(answer: &Value) {
+    print_window(answer, ", per supervisor");
+    println!(
+        "{:>7}  {:>8}  {:>8}  {:>8}  {:>8}  {:>5}  WORKER",
+        "JOBS", "RUN", "RUN MAX", "BUSY", "CAPACITY", "UTIL"
+    );
+    for series in answer["series"].as_array().into_iter().flatten() {
+        let total = &series["total"];
+        println!(
+            "{:>7}  {:>8}  {:>8}  {:>8}  {:>8}  {:>5}  {}",
+            cell(&total["jobs"]),
+            secs(&total["run"]["mean"]),
+            secs(&total["run"]["max"]),
+            secs(&total["busySecs"]),
+            secs(&total["capacitySecs"]),
+            percent(&total["utilisation"]),
+            series["worker"].as_str().unwrap_or("")
+        );
+    }
+}
+
+/// A fraction as a percentage for a table, or `-`.
+fn percent(value: &Value) -> String {
+    value
+        .as_f64()
+        .map_or("-".into(), |u| format!("{:.0}%", u * 100.0))
 }
 
 /// A name's figures over all its points (counts add; means weigh by count).
@@ -335,9 +388,7 @@ pub async fn workers(args: WorkersArgs) -> Result<(), CliError> {
             worker["load"]
                 .as_f64()
                 .map_or("-".into(), |l| format!("{l:.2}")),
-            worker["utilisation"]
-                .as_f64()
-                .map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
+            percent(&worker["utilisation"]),
             worker["lastSeen"].as_str().unwrap_or(""),
             worker["id"].as_str().unwrap_or(""),
             jobs.join(",")

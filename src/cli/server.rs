@@ -55,13 +55,13 @@ pub struct ServerArgs {
     /// At most this many ended jobs are kept; the oldest are purged first.
     #[arg(long, value_name = "N", default_value_t = 50_000)]
     pub history_max_count: u64,
-    /// Hourly statistics are kept this long.
+    /// Hourly statistics, per job name and per supervisor, are kept this long.
     #[arg(long, value_name = "DURATION", default_value = "30days", value_parser = humantime::parse_duration)]
     pub stats_max_age: Duration,
     /// The wait and run histograms of hourly statistics are kept this long.
     #[arg(long, value_name = "DURATION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub histogram_max_age: Duration,
-    /// A supervisor not seen (dequeue, heartbeat, report) for this long is shown as gone.
+    /// A supervisor not seen (dequeue, heartbeat, report) for this long is shown as gone; a gap this long between sightings is not counted as capacity it offered.
     #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
     pub worker_gone_after: Duration,
     /// How often history past its retention is purged.

@@ -372,6 +372,10 @@ fn max_lapses_fails_the_job() {
         api.dequeue(json!({"name": "lease-max"})).is_empty(),
         "a FAILED job is not handed out"
     );
+    // Its failure group says why, and its history has both lapses.
+    let (_, groups) = api.get("/failures");
+    assert_eq!(groups["groups"][0]["group"], "lease_lost", "{groups}");
+    assert_eq!(api.outcomes(id), ["lease_lost", "lease_lost"]);
 }
 
 #[test]

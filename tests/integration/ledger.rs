@@ -42,20 +42,25 @@ fn worker(id: &str) -> Value {
     json!({"id": id, "host": "web-1", "pid": 4242, "capacity": 2, "running": 0, "load": 0.5})
 }
 
-/// The point for `time` in the series of `name`.
-fn point<'a>(stats: &'a Value, name: &str, time: &str) -> &'a Value {
+/// The point for `time` in the series whose `key` (`name`, `worker`) is `id`.
+fn series_point<'a>(stats: &'a Value, key: &str, id: &str, time: &str) -> &'a Value {
     let series = stats["series"]
         .as_array()
         .expect("series")
         .iter()
-        .find(|s| s["name"] == name)
-        .unwrap_or_else(|| panic!("no series for {name} in {stats}"));
+        .find(|s| s[key] == id)
+        .unwrap_or_else(|| panic!("no series for {key} {id} in {stats}"));
     series["points"]
         .as_array()
         .expect("points")
         .iter()
         .find(|p| p["time"] == time)
-        .unwrap_or_else(|| panic!("no point at {time} for {name} in {series}"))
+        .unwrap_or_else(|| panic!("no point at {time} for {id} in {series}"))
+}
+
+/// The point for `time` in the series of `name`.
+fn point<'a>(stats: &'a Value, name: &str, time: &str) -> &'a Value {
+    series_point(stats, "name", name, time)
 }
 
 fn close(actual: &Value, expected: f64) -> bool {
@@ -202,34 +207,39 @@ fn statistics_match_a_scripted_run_with_known_timings() {
     );
 
     // The same figures for people.
-    let (code, text, stderr) = client_command(
+    let (columns, text) = text_row(
         &server,
-        &[
-            "stats",
-            "--name",
-            "mail/send",
-            "--period",
-            "day",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-            "--format",
-            "text",
-        ],
+        &["stats", "--name", "mail/send", "--period", "day"],
+        "mail/send",
     );
-    assert_eq!(code, 0, "{stderr}");
-    let line = text
-        .lines()
-        .find(|l| l.ends_with(" mail/send"))
-        .unwrap_or_else(|| panic!("{text}"));
-    let columns: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(
         &columns[..9],
         ["3", "3", "2", "1", "0", "5.3s", "9.0s", "5.0s", "12.3s"],
         "{text}"
     );
     assert_column_lines_up(&text, "NAME");
+}
+
+/// `jobmgr ARGS` over 2026-01-01 as text: the columns of the row that
+/// ends with `last`, and the whole text.
+fn text_row(server: &Server, args: &[&str], last: &str) -> (Vec<String>, String) {
+    let mut args = args.to_vec();
+    args.extend([
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--format",
+        "text",
+    ]);
+    let (code, text, stderr) = client_command(server, &args);
+    assert_eq!(code, 0, "jobmgr {args:?}: {stderr}");
+    let line = text
+        .lines()
+        .find(|l| l.ends_with(&format!(" {last}")))
+        .unwrap_or_else(|| panic!("no row for {last}: {text}"));
+    let columns = line.split_whitespace().map(String::from).collect();
+    (columns, text)
 }
 
 /// Every row after the header line holding `label` has a value starting
@@ -353,6 +363,20 @@ fn every_attempt_is_recorded_with_its_worker_outcome_and_output() {
         "{history}"
     );
     assert_eq!(history["archived"]["data"], json!({"sent": true}));
+    // The supervisor's own statistics: two runs reported, busy for part of
+    // the capacity it offered.
+    let (_, stats) = api.get("/stats/workers");
+    let mine = stats["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["worker"] == me.as_str())
+        .unwrap_or_else(|| panic!("no series for {me}: {stats}"));
+    let total = &mine["total"];
+    assert_eq!(total["jobs"], 2, "{total}");
+    assert!(total["busySecs"].as_f64().unwrap() > 0.0, "{total}");
+    let utilisation = total["utilisation"].as_f64().unwrap();
+    assert!(utilisation > 0.0 && utilisation <= 1.0, "{total}");
     assert_eq!(
         history["job"],
         Value::Null,
@@ -548,6 +572,62 @@ fn a_failure_group_is_listed_retried_and_deleted_in_bulk() {
     assert_eq!(code, 2);
     let (_, empty) = api.post("/failures/no_such_group/retry", json!({}));
     assert_eq!(empty["retried"], 0);
+}
+
+#[test]
+fn failures_are_grouped_by_timeout_and_missing_worker() {
+    let server = Server::start();
+    let api = server.api();
+    let _supervisor = Supervisor::builder(&server.url)
+        .arg("--job-name")
+        .arg("kinds/*")
+        .arg("--max-attempts")
+        .arg("1")
+        .arg("--timeout")
+        .arg("1s")
+        .worker(
+            "slow",
+            "#!/bin/sh
+sleep 60
+",
+        )
+        .start();
+    let slow = api.create(json!({"name": "kinds/slow"}));
+    let missing = api.create(json!({"name": "kinds/missing"}));
+    for id in [slow, missing] {
+        poll("the job to fail", || {
+            (api.state(id).as_deref() == Some("FAILED")).then_some(())
+        });
+    }
+    let groups = report_json(&server, &["failures"]);
+    let mut found: Vec<(String, u64)> = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["group"].as_str().unwrap().into(),
+                g["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [("no_worker".into(), 1), ("timeout".into(), 1)],
+        "{groups}"
+    );
+    let members = report_json(&server, &["failures", "timeout"]);
+    assert_eq!(members["jobs"][0]["jobID"], slow, "{members}");
+    let (_, history) = api.get(&format!("/jobs/{slow}/history"));
+    assert_eq!(
+        [
+            &history["attempts"][0]["outcome"],
+            &history["attempts"][0]["failure"]
+        ],
+        [&json!("failed"), &json!("timeout")],
+        "{history}"
+    );
 }
 
 #[test]
@@ -748,6 +828,168 @@ fn a_supervisor_that_is_no_longer_seen_is_marked_gone() {
     assert_eq!(workers["workers"].as_array().unwrap().len(), 1, "{workers}");
 }
 
+/// A supervisor's point at `time` in `/stats/workers`.
+fn worker_point<'a>(stats: &'a Value, worker: &str, time: &str) -> &'a Value {
+    series_point(stats, "worker", worker, time)
+}
+
+#[track_caller]
+fn assert_worker_figures(point: &Value, jobs: u64, busy: f64, capacity: f64) {
+    assert_eq!(point["jobs"], jobs, "jobs: {point}");
+    assert!(close(&point["busySecs"], busy), "busy {busy}: {point}");
+    assert!(
+        close(&point["capacitySecs"], capacity),
+        "capacity {capacity}: {point}"
+    );
+    assert!(
+        close(&point["utilisation"], busy / capacity),
+        "utilisation {}: {point}",
+        busy / capacity
+    );
+}
+
+#[test]
+fn worker_utilisation_per_hour_matches_a_scripted_run() {
+    let clock = Clock::at("2026-01-01 10:59:00");
+    let server = clock.server().start();
+    let api = server.api();
+    let w = json!({"id": "web-1-100", "host": "web-1", "pid": 100, "capacity": 2, "running": 0});
+    let announce = |who: &Value| {
+        let (status, answer) = api.post("/workers", json!({"worker": who}));
+        assert_eq!(status, 200, "{answer}");
+    };
+    announce(&w);
+    let a = api.create(json!({"name": "util/a"}));
+    // Job A runs from 10:59:30 to 11:00:30, half in each hour, with a
+    // heartbeat at 11:00 between.
+    clock.set("2026-01-01 10:59:30");
+    let taken = api.dequeue(json!({"name": "util/*", "worker": w}));
+    assert_eq!(taken[0]["jobID"], a);
+    let lease = taken[0]["lease"].as_str().expect("lease").to_string();
+    clock.set("2026-01-01 11:00:00");
+    let (status, _) = api.post(
+        &format!("/jobs/{a}/heartbeat"),
+        json!({"lease": lease.clone()}),
+    );
+    assert_eq!(status, 200);
+    clock.set("2026-01-01 11:00:30");
+    let (status, _) = api.post(&format!("/jobs/{a}/finish"), json!({"lease": lease}));
+    assert_eq!(status, 200);
+    clock.set("2026-01-01 11:01:00");
+    announce(&w);
+    // Nine minutes unheard (more than --worker-gone-after, 2m): no capacity.
+    clock.set("2026-01-01 11:10:00");
+    announce(&w);
+    clock.set("2026-01-01 11:10:30");
+    // A retryAfter job, so that it can be deleted while handed out.
+    let b = api.create(json!({"name": "util/b", "retryAfter": "+1 HOUR"}));
+    assert_eq!(
+        api.dequeue(json!({"name": "util/*", "worker": w}))[0]["jobID"],
+        b
+    );
+
+    // Ten seconds into B: it counts as busy, the capacity since 11:10:30
+    // as offered.
+    clock.set("2026-01-01 11:10:40");
+    let (status, stats) =
+        api.get("/stats/workers?from=2026-01-01%2010:00:00&to=2026-01-01%2012:00:00");
+    assert_eq!(status, 200, "{stats}");
+    assert_eq!(stats["series"].as_array().unwrap().len(), 1, "{stats}");
+    // Hour 10: 10:59 to 11:00 at 2 slots = 120 s offered, 30 s of A.
+    let ten = worker_point(&stats, "web-1-100", "2026-01-01 10:00:00");
+    assert_worker_figures(ten, 0, 30.0, 120.0);
+    assert_eq!(ten["run"]["count"], 0);
+    // Hour 11: 11:00-11:01 and 11:10-11:10:40 at 2 slots = 200 s; 30 s of
+    // A and 10 of B; A's run of 60 s ended in it.
+    let eleven = worker_point(&stats, "web-1-100", "2026-01-01 11:00:00");
+    assert_worker_figures(eleven, 1, 40.0, 200.0);
+    assert_summary(&eleven["run"], 1, 60.0, 0.0, 60.0, 60.0);
+    let (_, days) = api.get("/stats/workers?period=day&from=2026-01-01&to=2026-01-02");
+    let day = worker_point(&days, "web-1-100", "2026-01-01 00:00:00");
+    assert_worker_figures(day, 1, 70.0, 320.0);
+    assert_eq!(days["series"][0]["total"]["jobs"], 1);
+    // For people: the window's figures in a row.
+    let (columns, text) = text_row(
+        &server,
+        &["stats", "--workers", "--period", "day"],
+        "web-1-100",
+    );
+    assert_eq!(
+        columns,
+        ["1", "1m00s", "1m00s", "1m10s", "5m20s", "22%", "web-1-100"],
+        "{text}"
+    );
+    assert_column_lines_up(&text, "WORKER");
+
+    // B is deleted at 11:11:30 without a report: it kept the supervisor
+    // busy until it was last heard from, at 11:11:00.
+    clock.set("2026-01-01 11:11:00");
+    announce(&w);
+    clock.set("2026-01-01 11:11:30");
+    assert_eq!(api.delete(&format!("/jobs/{b}")).0, 200);
+
+    // A second supervisor takes C and dies: its lease lapses at 11:20, long
+    // after it was last heard from, which is all the busy time it gets; the
+    // lapse does not count as hearing from it.
+    let w2 = json!({"id": "web-2-200", "host": "web-2", "pid": 200, "capacity": 1, "running": 0});
+    announce(&w2);
+    let c = api.create(json!({"name": "util/c"}));
+    clock.set("2026-01-01 11:12:10");
+    let taken = api.dequeue(json!({"name": "util/c", "worker": w2, "leaseMs": 1000}));
+    assert_eq!(taken[0]["jobID"], c);
+    clock.set("2026-01-01 11:20:00");
+    poll("C's lease to lapse", || {
+        (api.state(c).as_deref() == Some("QUEUED")).then_some(())
+    });
+    let (_, stats) = api.get("/stats/workers?from=2026-01-01%2011:00:00&to=2026-01-01%2012:00:00");
+    // W: 240 s offered (11:11:00 added 60), 60 s busy; gone, so nothing live.
+    assert_worker_figures(
+        worker_point(&stats, "web-1-100", "2026-01-01 11:00:00"),
+        1,
+        60.0,
+        240.0,
+    );
+    // W2: 40 s offered (11:11:30 to 11:12:10 at 1 slot), none busy.
+    assert_worker_figures(
+        worker_point(&stats, "web-2-200", "2026-01-01 11:00:00"),
+        0,
+        0.0,
+        40.0,
+    );
+    let (_, history) = api.get(&format!("/jobs/{c}/history"));
+    assert_eq!(history["attempts"][0]["outcome"], "lease_lost", "{history}");
+    let (_, workers) = api.get("/workers");
+    let w2_row = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "web-2-200")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        [&w2_row["lastSeen"], &w2_row["state"]],
+        [&json!("2026-01-01 11:12:10"), &json!("gone")],
+        "{w2_row}"
+    );
+    // One supervisor by GLOB; hostile parameters refused.
+    let (_, one) = api.get("/stats/workers?worker=web-2-*&from=2026-01-01&to=2026-01-02");
+    assert_eq!(one["series"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["series"][0]["worker"], "web-2-200");
+    for query in ["period=week", "from=noon", "colour=red", "name=x"] {
+        let (status, answer) = api.get(&format!("/stats/workers?{query}"));
+        assert_eq!(status, 400, "{query}: {answer}");
+    }
+    let (code, _, _) = client_command(&server, &["stats", "--workers", "--name", "x"]);
+    assert_eq!(code, 2, "--workers and --name do not go together");
+
+    // Kept as long as the statistics (30 days), then purged.
+    clock.set("2026-02-01 12:00:00");
+    let (_, purged) = api.post("/purge", json!({}));
+    assert!(purged["stats"].as_u64().unwrap() >= 3, "{purged}");
+    let (_, stats) = api.get("/stats/workers?from=2026-01-01&to=2026-01-02");
+    assert_eq!(stats["series"], json!([]), "{stats}");
+}
+
 #[test]
 fn a_report_carries_what_the_supervisor_saw_and_bad_facts_change_nothing() {
     let server = Server::start();
@@ -845,15 +1087,12 @@ fn a_retry_after_job_handed_out_again_or_deleted_closes_its_attempts() {
         (!jobs.is_empty()).then_some(())
     });
     assert_eq!(api.delete(&format!("/jobs/{id}")).0, 200);
-    let (status, history) = api.get(&format!("/jobs/{id}/history"));
-    assert_eq!(status, 200, "attempts outlive a deleted job: {history}");
-    let outcomes: Vec<&str> = history["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["outcome"].as_str().unwrap())
-        .collect();
-    assert_eq!(outcomes, ["superseded", "deleted"], "{history}");
+    assert_eq!(
+        api.outcomes(id),
+        ["superseded", "deleted"],
+        "attempts outlive a deleted job"
+    );
+    let (_, history) = api.get(&format!("/jobs/{id}/history"));
     assert_eq!(history["attempts"][1]["ended"], "2026-07-01 00:01:01");
     assert_eq!(history["job"], Value::Null);
 }

@@ -20,14 +20,21 @@ thread_local! {
 }
 
 /// SQLite's answer to `sql` with `params` bound as text, as optional text.
+/// A time outside the years 0000 to 9999 (SQLite writes `-0001-…`) counts
+/// as none: jobmgr cannot write such a time, so its calendar finds none.
 fn sqlite_text(sql: &str, params: &[String]) -> Option<String> {
-    SQLITE.with(|conn| {
-        let conn = conn.borrow();
-        let refs: Vec<&dyn rusqlite::ToSql> =
-            params.iter().map(|p| p as &dyn rusqlite::ToSql).collect();
-        conn.query_row(sql, refs.as_slice(), |row| row.get::<_, Option<String>>(0))
-            .unwrap_or_else(|e| panic!("SQLite refused {sql:?} with {params:?}: {e}"))
-    })
+    SQLITE
+        .with(|conn| {
+            let conn = conn.borrow();
+            let refs: Vec<&dyn rusqlite::ToSql> =
+                params.iter().map(|p| p as &dyn rusqlite::ToSql).collect();
+            conn.query_row(sql, refs.as_slice(), |row| row.get::<_, Option<String>>(0))
+                .unwrap_or_else(|e| panic!("SQLite refused {sql:?} with {params:?}: {e}"))
+        })
+        .filter(|time| {
+            let year = time.as_bytes().get(..5).unwrap_or_default();
+            year.len() == 5 && year[..4].iter().all(u8::is_ascii_digit) && year[4] == b'-'
+        })
 }
 
 fn placeholders(from: usize, count: usize) -> String {

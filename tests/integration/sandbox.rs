@@ -413,6 +413,8 @@ fn a_memory_hog_is_killed_and_reported_out_of_memory() {
         (job["state"] == "FAILED").then_some(job)
     });
     assert_eq!(job["data"]["_jobmgr"]["outcome"], "oom", "{job}");
+    let (_, groups) = api.get("/failures");
+    assert_eq!(groups["groups"][0]["group"], "oom", "{groups}");
 }
 
 #[test]

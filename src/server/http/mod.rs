@@ -41,6 +41,7 @@ pub fn router(queue: Queue, token: Option<String>) -> Router {
         .route("/dequeue", post(routes::dequeue))
         .route("/jobs/{id}/history", get(reports::history))
         .route("/stats", get(reports::stats))
+        .route("/stats/workers", get(reports::worker_stats))
         .route("/workers", get(reports::workers).post(reports::announce))
         .route("/failures", get(reports::failures))
         .route("/failures/{group}", get(reports::failure_group))

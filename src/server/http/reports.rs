@@ -1,6 +1,6 @@
-//! The API's reports from the ledger: statistics shaped for charts, the
-//! worker registry, failure groups with their bulk actions, job history,
-//! and purging. Every answer is JSON a chart library can plot as it is.
+//! The API's reports from the ledger: statistics shaped for charts (per
+//! name and per supervisor), the worker registry, failure groups with
+//! their bulk actions, job history, and purging. Every answer is JSON a chart library can plot as it is.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::body::{Body, Params};
 use super::error::ApiError;
 use crate::protocol::view::query_json;
-use crate::protocol::{JobError, NamePattern, WorkerInfo, parse_job_id, parse_time};
+use crate::protocol::{JobError, NamePattern, Timestamp, WorkerInfo, parse_job_id, parse_time};
 use crate::server::ledger::failure::valid_group;
 use crate::server::queue::Queue;
 use crate::server::queue::reports::Period;
@@ -30,15 +30,25 @@ pub struct StatsParams {
     to: Option<String>,
 }
 
-/// `GET /stats`: statistics per name and hour or day.
-pub async fn stats(State(queue): State<Queue>, Params(params): Params<StatsParams>) -> Answer {
-    let pattern = params
-        .name
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .map(NamePattern::parse)
-        .transpose()?;
-    let period = match params.period.as_deref() {
+/// `GET /stats/workers` query parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerStatsParams {
+    worker: Option<String>,
+    period: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// The period and the window `[from, to)` a statistics request asks for,
+/// as of now.
+fn window(
+    queue: &Queue,
+    period: Option<&str>,
+    from: Option<String>,
+    to: Option<String>,
+) -> Result<(Period, (Timestamp, Timestamp)), ApiError> {
+    let period = match period {
         None | Some("") => Period::Hour,
         Some(text) => Period::parse(text).ok_or_else(|| {
             ApiError::bad_request(format!("period must be hour or day, not {text:?}"))
@@ -50,12 +60,36 @@ pub async fn stats(State(queue): State<Queue>, Params(params): Params<StatsParam
             .map(|v| parse_time(name, &v))
             .transpose()
     };
-    let from = time("from", params.from)?;
-    let to = time("to", params.to)?;
+    let (from, to) = (time("from", from)?, time("to", to)?);
     let window = period
         .window(from, to, queue.now())
         .map_err(ApiError::bad_request)?;
+    Ok((period, window))
+}
+
+/// A GLOB filter; empty means everything.
+fn pattern(glob: Option<&str>) -> Result<Option<NamePattern>, ApiError> {
+    Ok(glob
+        .filter(|n| !n.is_empty())
+        .map(NamePattern::parse)
+        .transpose()?)
+}
+
+/// `GET /stats`: statistics per name and hour or day.
+pub async fn stats(State(queue): State<Queue>, Params(params): Params<StatsParams>) -> Answer {
+    let pattern = pattern(params.name.as_deref())?;
+    let (period, window) = window(&queue, params.period.as_deref(), params.from, params.to)?;
     Ok(Json(queue.stats(pattern, period, window).await?))
+}
+
+/// `GET /stats/workers`: statistics per supervisor and hour or day.
+pub async fn worker_stats(
+    State(queue): State<Queue>,
+    Params(params): Params<WorkerStatsParams>,
+) -> Answer {
+    let pattern = pattern(params.worker.as_deref())?;
+    let (period, window) = window(&queue, params.period.as_deref(), params.from, params.to)?;
+    Ok(Json(queue.worker_stats(pattern, period, window).await?))
 }
 
 /// `GET /workers`: the supervisors the server has seen.

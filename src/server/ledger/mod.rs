@@ -1,7 +1,7 @@
 //! The server's ledger of what happened to jobs, beside the queue itself:
 //! every attempt (who ran it, when, how it ended, the tail of its output),
-//! the archive of ended jobs, hourly statistics per job name, the registry
-//! of supervisors, and failure groups. The queue's rules write it in the same
+//! the archive of ended jobs, hourly statistics per job name and per
+//! supervisor, the registry of supervisors, and failure groups. The queue's rules write it in the same
 //! transaction as the change it records; [`retention`] purges it.
 //!
 //! None of it changes what a Bedrock client sees.
@@ -11,6 +11,7 @@ pub mod histogram;
 pub mod record;
 pub mod retention;
 pub mod summary;
+pub mod utilisation;
 
 use serde_json::{Value, json};
 
@@ -18,6 +19,7 @@ use crate::protocol::{Data, JobId, Timestamp, WorkerInfo};
 pub use histogram::Histogram;
 pub use retention::{PurgeCounts, Retention};
 pub use summary::Summary;
+pub use utilisation::{WorkerDelta, WorkerStatsRow};
 
 /// One hour in milliseconds: statistics are kept per hour.
 pub const HOUR_MS: i64 = 3_600_000;
@@ -243,6 +245,19 @@ pub struct WorkerRow {
     pub last_seen: Timestamp,
     /// The jobs it holds now.
     pub jobs: Vec<JobId>,
+}
+
+impl WorkerRow {
+    /// Until when it was heard from, as of `now`: `now` while it is
+    /// active, its last sighting once it is gone (not heard from for more
+    /// than `gone_after_ms`); and whether it is gone.
+    pub fn heard_until(&self, now: Timestamp, gone_after_ms: i64) -> (Timestamp, bool) {
+        if now.0.saturating_sub(self.last_seen.0) > gone_after_ms {
+            (self.last_seen.min(now), true)
+        } else {
+            (now, false)
+        }
+    }
 }
 
 /// A failure group: failed jobs that failed the same way.

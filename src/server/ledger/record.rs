@@ -2,7 +2,8 @@
 //! in the transaction of the step itself, at the transaction's time.
 
 use super::failure::{self, LEASE_LOST, NO_REPORT};
-use super::{ArchivedJob, Attempt, AttemptEnd, StatsDelta, hour_of};
+use super::utilisation::{WorkerDelta, by_hour};
+use super::{ArchivedJob, Attempt, AttemptEnd, OpenAttempt, StatsDelta, hour_of};
 use crate::protocol::{Data, Job, JobError, JobId, JobState, RunFacts, Timestamp, WorkerInfo};
 use crate::server::queue::Tracked;
 
@@ -28,12 +29,11 @@ pub fn handed_out(
     worker: Option<&WorkerInfo>,
 ) -> Result<(), JobError> {
     let now = tx.now;
-    let ledger = tx.store().ledger();
     if let Some(worker) = worker {
-        ledger.see_worker(worker, now)?;
+        heard_from(tx, &worker.id, Some(worker))?;
     }
     // A retryAfter job handed out again without a report.
-    ledger.close_attempt(
+    let superseded = tx.store().ledger().close_attempt(
         job.id,
         now,
         &AttemptEnd {
@@ -41,6 +41,10 @@ pub fn handed_out(
             ..AttemptEnd::default()
         },
     )?;
+    if let Some(open) = superseded {
+        run_closed(tx, &open, false)?;
+    }
+    let ledger = tx.store().ledger();
     ledger.open_attempt(&Attempt {
         job_id: job.id,
         name: job.name.clone(),
@@ -70,7 +74,7 @@ pub fn undelivered(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
 /// A job was deleted; an attempt still open ends as `deleted`.
 pub fn deleted(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
     let now = tx.now;
-    tx.store().ledger().close_attempt(
+    let open = tx.store().ledger().close_attempt(
         job_id,
         now,
         &AttemptEnd {
@@ -78,13 +82,84 @@ pub fn deleted(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
             ..AttemptEnd::default()
         },
     )?;
-    Ok(())
+    match open {
+        Some(open) => run_closed(tx, &open, false),
+        None => Ok(()),
+    }
 }
 
 /// A holder renewed its lease.
 pub fn heartbeat(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
+    match tx.store().ledger().holder(job_id)? {
+        Some(worker) => heard_from(tx, &worker, None),
+        None => Ok(()),
+    }
+}
+
+/// A supervisor announced itself (`info`), or was heard from by a report
+/// or a heartbeat. The capacity it offered since it was last heard from
+/// counts, unless that was longer ago than `--worker-gone-after` (it was
+/// gone in between).
+pub fn heard_from(
+    tx: &mut Tracked,
+    worker: &str,
+    info: Option<&WorkerInfo>,
+) -> Result<(), JobError> {
+    let (now, gone_after) = (tx.now, tx.worker_gone_after_ms);
+    let ledger = tx.store().ledger();
+    if let Some((last_seen, capacity)) = ledger.sighting(worker)?
+        && now > last_seen
+        && now.0 - last_seen.0 <= gone_after
+    {
+        for (hour, ms) in by_hour(last_seen, now) {
+            let delta = WorkerDelta {
+                capacity_ms: ms.saturating_mul(i64::from(capacity)),
+                ..WorkerDelta::default()
+            };
+            ledger.add_worker_stats(worker, hour, &delta)?;
+        }
+    }
+    match info {
+        Some(info) => ledger.see_worker(info, now),
+        None => ledger.touch_worker(worker, now),
+    }
+}
+
+/// A run of a supervisor's ended. It kept the supervisor busy from its
+/// hand-out until now when the supervisor `reported` it (and its
+/// executing time counts for the hour it ended in), or else until the
+/// supervisor was last heard from.
+fn run_closed(tx: &mut Tracked, open: &OpenAttempt, reported: bool) -> Result<(), JobError> {
+    let Some(worker) = open.worker.as_deref() else {
+        return Ok(());
+    };
     let now = tx.now;
-    tx.store().ledger().see_worker_of(job_id, now)
+    if reported {
+        heard_from(tx, worker, None)?;
+    }
+    let ledger = tx.store().ledger();
+    let until = if reported {
+        now
+    } else {
+        ledger
+            .sighting(worker)?
+            .map_or(open.started, |(last_seen, _)| last_seen.min(now))
+    };
+    for (hour, ms) in by_hour(open.started, until) {
+        let delta = WorkerDelta {
+            busy_ms: ms,
+            ..WorkerDelta::default()
+        };
+        ledger.add_worker_stats(worker, hour, &delta)?;
+    }
+    if reported {
+        let delta = WorkerDelta {
+            run_ms: Some(now.0.saturating_sub(open.started.0)),
+            ..WorkerDelta::default()
+        };
+        ledger.add_worker_stats(worker, hour_of(now), &delta)?;
+    }
+    Ok(())
 }
 
 /// How a run's report leaves the job.
@@ -99,14 +174,21 @@ pub enum Leaves {
 }
 
 /// A run ended: `outcome` is `finished`, `retried`, `failed` or
-/// `lease_lost`; `data` holds the report's details; `job` is as it is now.
-pub fn ended(tx: &mut Tracked, job: &Job, end: AttemptEnd, leaves: Leaves) -> Result<(), JobError> {
+/// `lease_lost`; `reported` when its holder said so (not a lapse);
+/// `job` is as it is now.
+fn ended(
+    tx: &mut Tracked,
+    job: &Job,
+    end: AttemptEnd,
+    leaves: Leaves,
+    reported: bool,
+) -> Result<(), JobError> {
     let now = tx.now;
-    let ledger = tx.store().ledger();
-    let open = ledger.close_attempt(job.id, now, &end)?;
-    if let Some(worker) = open.as_ref().and_then(|a| a.worker.as_deref()) {
-        ledger.touch_worker(worker, now)?;
+    let open = tx.store().ledger().close_attempt(job.id, now, &end)?;
+    if let Some(open) = &open {
+        run_closed(tx, open, reported)?;
     }
+    let ledger = tx.store().ledger();
     let name = open.as_ref().map_or(job.name.as_str(), |a| a.name.as_str());
     let mut delta = StatsDelta::default();
     match end.outcome.as_str() {
@@ -153,7 +235,7 @@ pub fn reported(
     leaves: Leaves,
 ) -> Result<(), JobError> {
     let end = failure::reported_end(outcome, data, run);
-    ended(tx, job, end, leaves)
+    ended(tx, job, end, leaves, true)
 }
 
 /// A lease lapsed; `failed` when the job is FAILED for it.
@@ -172,6 +254,7 @@ pub fn lapsed(tx: &mut Tracked, job: &Job, failed: bool) -> Result<(), JobError>
         } else {
             Leaves::Stays
         },
+        false,
     )
 }
 
@@ -182,5 +265,5 @@ pub fn no_report(tx: &mut Tracked, job: &Job) -> Result<(), JobError> {
         failure: Some(NO_REPORT.into()),
         ..AttemptEnd::default()
     };
-    ended(tx, job, end, Leaves::Failed)
+    ended(tx, job, end, Leaves::Failed, false)
 }

@@ -14,7 +14,7 @@ pub struct Retention {
     pub history_max_age: Duration,
     /// At most this many ended jobs are kept; the oldest go first.
     pub history_max_count: u64,
-    /// Hourly statistics are kept this long.
+    /// Hourly statistics, per name and per supervisor, are kept this long.
     pub stats_max_age: Duration,
     /// Their histograms are kept this long.
     pub histogram_max_age: Duration,
@@ -52,7 +52,7 @@ pub struct PurgeCounts {
     pub failed: u64,
     /// Attempts.
     pub attempts: u64,
-    /// Hourly statistics rows.
+    /// Hourly statistics rows, per name and per supervisor.
     pub stats: u64,
     /// Histograms dropped from rows that stay.
     pub histograms: u64,

@@ -9,6 +9,14 @@ use crate::protocol::Timestamp;
 pub trait Clock: Send + Sync {
     /// The current time.
     fn now(&self) -> Timestamp;
+
+    /// The longest the scheduler may sleep before it looks at the time
+    /// again: `None` for a clock that moves with real time, a bound for
+    /// one that can jump (a scripted clock), so that a moment it jumped
+    /// past is noticed.
+    fn longest_sleep(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// The system's wall clock.
@@ -51,6 +59,10 @@ impl FileClock {
 }
 
 impl Clock for FileClock {
+    fn longest_sleep(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_millis(50))
+    }
+
     fn now(&self) -> Timestamp {
         match self.read() {
             Some(at) => at,

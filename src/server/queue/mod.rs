@@ -23,6 +23,7 @@ use crate::protocol::{
     RetryJob, Timestamp, UpdateJob,
 };
 use crate::server::ledger::Retention;
+use crate::server::ledger::retention::millis;
 use crate::server::store::{ListQuery, Store};
 
 pub use clock::{Clock, FileClock, SystemClock};
@@ -188,11 +189,12 @@ impl Queue {
         F: FnOnce(&mut Tracked) -> Result<R, JobError> + Send + 'static,
     {
         let clock = Arc::clone(&self.inner.clock);
+        let gone_after = millis(self.inner.config.retention.worker_gone_after);
         let (result, changes) = self
             .inner
             .store
             .write(move |store| {
-                let mut tx = Tracked::new(store, clock.now());
+                let mut tx = Tracked::new(store, clock.now(), gone_after);
                 let result = op(&mut tx)?;
                 Ok((result, tx.into_changes()))
             })

@@ -1,5 +1,5 @@
 //! What the queue answers from its ledger: statistics shaped for charts,
-//! the worker registry, failure groups and their bulk actions, a job's
+//! per name and per supervisor, the worker registry, failure groups and their bulk actions, a job's
 //! history, and the purge that retention asks for (run every
 //! `purge_every`).
 
@@ -10,8 +10,12 @@ use serde_json::{Map, Value, json};
 use super::{Queue, rules};
 use crate::protocol::view::query_json;
 use crate::protocol::{Job, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
+use crate::server::ledger::record;
 use crate::server::ledger::retention::millis;
-use crate::server::ledger::{ArchivedJob, Attempt, FailureGroup, HOUR_MS, PurgeCounts, StatsRow};
+use crate::server::ledger::utilisation::WorkerHours;
+use crate::server::ledger::{
+    ArchivedJob, Attempt, FailureGroup, HOUR_MS, PurgeCounts, StatsRow, WorkerStatsRow,
+};
 use crate::server::store::PurgeLimits;
 
 /// One day in milliseconds.
@@ -176,11 +180,8 @@ impl Queue {
     /// Records a supervisor's presence.
     pub async fn see_worker(&self, worker: WorkerInfo) -> Result<(), JobError> {
         worker.check()?;
-        self.write(move |tx| {
-            let now = tx.now;
-            tx.store().ledger().see_worker(&worker, now)
-        })
-        .await
+        self.write(move |tx| record::heard_from(tx, &worker.id, Some(&worker)))
+            .await
     }
 
     /// Statistics per name and period over `[from, to)` (a window from
@@ -257,6 +258,97 @@ impl Queue {
         }))
     }
 
+    /// Statistics per supervisor and period over `[from, to)` (a window
+    /// from [`Period::window`]), as chart series with a point for every
+    /// period and a total per supervisor. Runs still going and the
+    /// capacity offered since each supervisor was last heard from count up
+    /// to now (up to when it was last heard from, for one that is gone).
+    pub async fn worker_stats(
+        &self,
+        pattern: Option<NamePattern>,
+        period: Period,
+        (from, to): (Timestamp, Timestamp),
+    ) -> Result<Value, JobError> {
+        let now = self.now();
+        let gone_after = millis(self.inner.config.retention.worker_gone_after);
+        let wanted = pattern.clone();
+        let (rows, workers, open) = self
+            .read(move |tx| {
+                let ledger = tx.ledger();
+                Ok((
+                    ledger.worker_stats(wanted.as_ref(), from, to)?,
+                    ledger.workers()?,
+                    ledger.open_runs()?,
+                ))
+            })
+            .await?;
+        let mut hours = WorkerHours::default();
+        for row in rows {
+            hours.0.insert((row.worker.clone(), row.hour), row);
+        }
+        let wanted = |worker: &str| pattern.as_ref().is_none_or(|p| p.matches(worker));
+        let mut heard_until = BTreeMap::new();
+        for row in workers.iter().filter(|w| wanted(&w.info.id)) {
+            let (until, _) = row.heard_until(now, gone_after);
+            heard_until.insert(row.info.id.as_str(), until);
+            hours.spread(
+                &row.info.id,
+                (row.last_seen, until),
+                (from, to),
+                i64::from(row.info.capacity),
+                false,
+            );
+        }
+        for (worker, started) in open {
+            if let Some(&until) = heard_until.get(worker.as_str()) {
+                hours.spread(&worker, (started, until), (from, to), 1, true);
+            }
+        }
+        let step = period.millis();
+        let mut by_worker: BTreeMap<String, BTreeMap<i64, WorkerStatsRow>> = BTreeMap::new();
+        for ((worker, hour), row) in hours.0 {
+            let bucket = hour.div_euclid(step) * step;
+            by_worker
+                .entry(worker.clone())
+                .or_default()
+                .entry(bucket)
+                .or_insert_with(|| WorkerStatsRow {
+                    worker,
+                    hour: bucket,
+                    ..WorkerStatsRow::default()
+                })
+                .merge(&row);
+        }
+        let series: Vec<Value> = by_worker
+            .into_iter()
+            .map(|(worker, points)| {
+                let mut total = WorkerStatsRow::default();
+                let points: Vec<Value> = (0..(to.0 - from.0) / step)
+                    .map(|i| {
+                        let at = from.0 + i * step;
+                        let row = points.get(&at).cloned().unwrap_or(WorkerStatsRow {
+                            hour: at,
+                            ..WorkerStatsRow::default()
+                        });
+                        total.merge(&row);
+                        row.to_json()
+                    })
+                    .collect();
+                let mut total = total.to_json();
+                if let Value::Object(map) = &mut total {
+                    map.remove("time");
+                }
+                json!({"worker": worker, "points": points, "total": total})
+            })
+            .collect();
+        Ok(json!({
+            "period": period.name(),
+            "from": from.to_string(),
+            "to": to.to_string(),
+            "series": series,
+        }))
+    }
+
     /// The worker registry, most recently seen first.
     pub async fn workers(&self) -> Result<Vec<WorkerView>, JobError> {
         let now = self.now();
@@ -267,8 +359,7 @@ impl Queue {
             for row in tx.ledger().workers()? {
                 let busy_ms = tx.ledger().busy_ms(&row.info.id, window_start, now)?;
                 let seen_from = row.first_seen.max(window_start);
-                let gone = now.0.saturating_sub(row.last_seen.0) > gone_after;
-                let seen_to = if gone { row.last_seen.min(now) } else { now };
+                let (seen_to, gone) = row.heard_until(now, gone_after);
                 let seen_ms = seen_to.0 - seen_from.0;
                 let capacity_ms = seen_ms.saturating_mul(i64::from(row.info.capacity));
                 views.push(WorkerView {

@@ -67,7 +67,11 @@ pub(super) async fn run(queue: Queue) {
             match next {
                 // One extra millisecond: the timer wheel may round down.
                 Some(at) => {
-                    tokio::time::sleep(Duration::from_millis((at.0 - now.0) as u64 + 1)).await
+                    let mut wait = Duration::from_millis((at.0 - now.0) as u64 + 1);
+                    if let Some(longest) = inner.clock.longest_sleep() {
+                        wait = wait.min(longest);
+                    }
+                    tokio::time::sleep(wait).await
                 }
                 None => std::future::pending::<()>().await,
             }

@@ -19,15 +19,19 @@ pub struct Tracked<'a> {
     store: &'a mut dyn StoreTx,
     /// The time the operation runs at.
     pub now: Timestamp,
+    /// How long a supervisor may go unheard before it counts as gone, in
+    /// ms: the ledger counts its capacity only between closer sightings.
+    pub worker_gone_after_ms: i64,
     changes: Changes,
 }
 
 impl<'a> Tracked<'a> {
     /// Wraps a store transaction.
-    pub fn new(store: &'a mut dyn StoreTx, now: Timestamp) -> Self {
+    pub fn new(store: &'a mut dyn StoreTx, now: Timestamp, worker_gone_after_ms: i64) -> Self {
         Tracked {
             store,
             now,
+            worker_gone_after_ms,
             changes: Changes::default(),
         }
     }

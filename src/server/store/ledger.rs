@@ -4,7 +4,7 @@
 use crate::protocol::{JobError, JobId, NamePattern, Timestamp, WorkerInfo};
 use crate::server::ledger::{
     ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
-    WorkerRow,
+    WorkerDelta, WorkerRow, WorkerStatsRow,
 };
 
 /// What a purge removes: everything that ended before the cutoffs.
@@ -31,6 +31,21 @@ pub trait LedgerTx {
         from: Timestamp,
         to: Timestamp,
     ) -> Result<Vec<StatsRow>, JobError>;
+
+    /// Adds an event to a supervisor's statistics for the hour starting at `hour`.
+    fn add_worker_stats(
+        &mut self,
+        worker: &str,
+        hour: i64,
+        delta: &WorkerDelta,
+    ) -> Result<(), JobError>;
+    /// Supervisors' hourly rows with `from <= hour < to`, by supervisor then hour.
+    fn worker_stats(
+        &mut self,
+        pattern: Option<&NamePattern>,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Vec<WorkerStatsRow>, JobError>;
 
     /// Records a hand-out.
     fn open_attempt(&mut self, attempt: &Attempt) -> Result<(), JobError>;
@@ -67,8 +82,13 @@ pub trait LedgerTx {
     fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError>;
     /// Marks a supervisor as seen.
     fn touch_worker(&mut self, worker: &str, now: Timestamp) -> Result<(), JobError>;
-    /// Marks the supervisor holding a job as seen.
-    fn see_worker_of(&mut self, job_id: JobId, now: Timestamp) -> Result<(), JobError>;
+    /// When a supervisor was last seen, and the capacity it said it had.
+    fn sighting(&mut self, worker: &str) -> Result<Option<(Timestamp, u32)>, JobError>;
+    /// The supervisor holding a job's open attempt, if it said who it is.
+    fn holder(&mut self, job_id: JobId) -> Result<Option<String>, JobError>;
+    /// Every open attempt taken by a supervisor that said who it is:
+    /// the supervisor and when the attempt started.
+    fn open_runs(&mut self) -> Result<Vec<(String, Timestamp)>, JobError>;
     /// Every supervisor in the registry, most recently seen first.
     fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError>;
     /// Milliseconds a supervisor's attempts spent running in `[from, to)`

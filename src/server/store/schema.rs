@@ -117,6 +117,21 @@ const MIGRATIONS: &[&str] = &[
         first_seen INTEGER NOT NULL,
         last_seen  INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 3: hourly statistics per supervisor: runs reported and their
+    // executing time, busy and offered slot-milliseconds.
+    "CREATE TABLE worker_stats (
+        worker      TEXT    NOT NULL,
+        hour        INTEGER NOT NULL,
+        run_n       INTEGER NOT NULL DEFAULT 0,
+        run_mean    REAL    NOT NULL DEFAULT 0,
+        run_m2      REAL    NOT NULL DEFAULT 0,
+        run_min     REAL,
+        run_max     REAL,
+        busy_ms     INTEGER NOT NULL DEFAULT 0,
+        capacity_ms INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (worker, hour)
+    ) WITHOUT ROWID;
+    CREATE INDEX worker_stats_hour ON worker_stats (hour);",
 ];
 
 /// The schema version this build writes.

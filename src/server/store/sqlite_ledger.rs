@@ -1,4 +1,4 @@
-//! The ledger's tables in the SQLite store (schema version 2).
+//! The ledger's tables in the SQLite store (schema versions 2 and 3).
 
 use rusqlite::{OptionalExtension, Row, params};
 
@@ -7,7 +7,7 @@ use super::sqlite::{FailingTx, SqliteTx, store_error};
 use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
 use crate::server::ledger::{
     ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
-    Summary, WorkerRow, histogram,
+    Summary, WorkerDelta, WorkerRow, WorkerStatsRow, histogram,
 };
 
 const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
@@ -43,15 +43,7 @@ const STATS_COLUMNS: &str = "name, hour, added, started, finished, failed, retri
 
 fn read_stats(row: &Row<'_>) -> rusqlite::Result<StatsRow> {
     let count = |i: usize| -> rusqlite::Result<u64> { Ok(row.get::<_, i64>(i)?.max(0) as u64) };
-    let summary = |at: usize| -> rusqlite::Result<Summary> {
-        Ok(Summary {
-            count: count(at)?,
-            mean: row.get(at + 1)?,
-            m2: row.get(at + 2)?,
-            min: row.get::<_, Option<f64>>(at + 3)?.unwrap_or(0.0),
-            max: row.get::<_, Option<f64>>(at + 4)?.unwrap_or(0.0),
-        })
-    };
+    let summary = |at: usize| read_summary(row, at);
     Ok(StatsRow {
         name: row.get(0)?,
         hour: row.get(1)?,
@@ -101,6 +93,28 @@ static ADD_STATS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| 
         welford("service")
     )
 });
+
+/// Adds one event to a supervisor's hour in one statement.
+static ADD_WORKER_STATS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "INSERT INTO worker_stats (worker, hour, run_n, run_mean, run_m2, run_min, run_max, \
+           busy_ms, capacity_ms) VALUES (?1, ?2, ?3, COALESCE(?4, 0), 0, ?4, ?4, ?5, ?6) \
+         ON CONFLICT (worker, hour) DO UPDATE SET \
+           busy_ms = busy_ms + excluded.busy_ms, \
+           capacity_ms = capacity_ms + excluded.capacity_ms, {}",
+        welford("run")
+    )
+});
+
+fn read_summary(row: &Row<'_>, at: usize) -> rusqlite::Result<Summary> {
+    Ok(Summary {
+        count: row.get::<_, i64>(at)?.max(0) as u64,
+        mean: row.get(at + 1)?,
+        m2: row.get(at + 2)?,
+        min: row.get::<_, Option<f64>>(at + 3)?.unwrap_or(0.0),
+        max: row.get::<_, Option<f64>>(at + 4)?.unwrap_or(0.0),
+    })
+}
 
 fn read_archived(row: &Row<'_>) -> rusqlite::Result<ArchivedJob> {
     let data: String = row.get(3)?;
@@ -218,6 +232,61 @@ impl LedgerTx for SqliteTx<'_> {
                 .insert(bucket, count.max(0) as u64);
         }
         Ok(out.into_values().collect())
+    }
+
+    fn add_worker_stats(
+        &mut self,
+        worker: &str,
+        hour: i64,
+        delta: &WorkerDelta,
+    ) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached(&ADD_WORKER_STATS_SQL)
+            .map_err(store_error)?
+            .execute(params![
+                worker,
+                hour,
+                i64::from(delta.run_ms.is_some()),
+                delta.run_ms.map(|ms| ms.max(0) as f64),
+                delta.busy_ms.max(0),
+                delta.capacity_ms.max(0),
+            ])
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn worker_stats(
+        &mut self,
+        pattern: Option<&NamePattern>,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Vec<WorkerStatsRow>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT worker, hour, run_n, run_mean, run_m2, run_min, run_max, busy_ms, \
+                 capacity_ms FROM worker_stats WHERE hour >= ?1 AND hour < ?2 ORDER BY worker, hour",
+            )
+            .map_err(store_error)?;
+        let rows = statement
+            .query_map(params![from.0, to.0], |row| {
+                Ok(WorkerStatsRow {
+                    worker: row.get(0)?,
+                    hour: row.get(1)?,
+                    run: read_summary(row, 2)?,
+                    busy_ms: row.get(7)?,
+                    capacity_ms: row.get(8)?,
+                })
+            })
+            .map_err(store_error)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let row = row.map_err(store_error)?;
+            if pattern.is_none_or(|p| p.matches(&row.worker)) {
+                out.push(row);
+            }
+        }
+        Ok(out)
     }
 
     fn open_attempt(&mut self, attempt: &Attempt) -> Result<(), JobError> {
@@ -432,17 +501,38 @@ impl LedgerTx for SqliteTx<'_> {
         Ok(())
     }
 
-    fn see_worker_of(&mut self, job_id: JobId, now: Timestamp) -> Result<(), JobError> {
+    fn sighting(&mut self, worker: &str) -> Result<Option<(Timestamp, u32)>, JobError> {
+        self.conn
+            .prepare_cached("SELECT last_seen, capacity FROM workers WHERE worker = ?1")
+            .map_err(store_error)?
+            .query_row([worker], |row| Ok((Timestamp(row.get(0)?), row.get(1)?)))
+            .optional()
+            .map_err(store_error)
+    }
+
+    fn holder(&mut self, job_id: JobId) -> Result<Option<String>, JobError> {
         self.conn
             .prepare_cached(
-                "UPDATE workers SET last_seen = MAX(last_seen, ?2) WHERE worker = \
-                 (SELECT worker FROM attempts WHERE job_id = ?1 AND ended IS NULL \
-                  ORDER BY attempt_id DESC LIMIT 1)",
+                "SELECT worker FROM attempts WHERE job_id = ?1 AND ended IS NULL \
+                 AND worker IS NOT NULL ORDER BY attempt_id DESC LIMIT 1",
             )
             .map_err(store_error)?
-            .execute(params![job_id, now.0])
+            .query_row([job_id], |row| row.get(0))
+            .optional()
+            .map_err(store_error)
+    }
+
+    fn open_runs(&mut self) -> Result<Vec<(String, Timestamp)>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT worker, started FROM attempts WHERE ended IS NULL AND worker IS NOT NULL",
+            )
             .map_err(store_error)?;
-        Ok(())
+        let rows = statement
+            .query_map([], |row| Ok((row.get(0)?, Timestamp(row.get(1)?))))
+            .map_err(store_error)?;
+        rows.collect::<Result<_, _>>().map_err(store_error)
     }
 
     fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError> {
@@ -574,6 +664,9 @@ impl LedgerTx for SqliteTx<'_> {
         let stats = exec(
             "DELETE FROM stats WHERE hour < ?1",
             &[&limits.stats_before.0],
+        )? + exec(
+            "DELETE FROM worker_stats WHERE hour < ?1",
+            &[&limits.stats_before.0],
         )?;
         let histograms = exec(
             "DELETE FROM stats_histogram WHERE hour < ?1",
@@ -606,6 +699,17 @@ impl LedgerTx for FailingTx {
         _: Timestamp,
         _: Timestamp,
     ) -> Result<Vec<StatsRow>, JobError> {
+        Err(self.0.clone())
+    }
+    fn add_worker_stats(&mut self, _: &str, _: i64, _: &WorkerDelta) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn worker_stats(
+        &mut self,
+        _: Option<&NamePattern>,
+        _: Timestamp,
+        _: Timestamp,
+    ) -> Result<Vec<WorkerStatsRow>, JobError> {
         Err(self.0.clone())
     }
     fn open_attempt(&mut self, _: &Attempt) -> Result<(), JobError> {
@@ -652,7 +756,13 @@ impl LedgerTx for FailingTx {
     fn touch_worker(&mut self, _: &str, _: Timestamp) -> Result<(), JobError> {
         Err(self.0.clone())
     }
-    fn see_worker_of(&mut self, _: JobId, _: Timestamp) -> Result<(), JobError> {
+    fn sighting(&mut self, _: &str) -> Result<Option<(Timestamp, u32)>, JobError> {
+        Err(self.0.clone())
+    }
+    fn holder(&mut self, _: JobId) -> Result<Option<String>, JobError> {
+        Err(self.0.clone())
+    }
+    fn open_runs(&mut self) -> Result<Vec<(String, Timestamp)>, JobError> {
         Err(self.0.clone())
     }
     fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError> {

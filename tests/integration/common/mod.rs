@@ -367,6 +367,19 @@ impl Api {
         answer
     }
 
+    /// The outcomes of a job's recorded attempts, oldest first; panics
+    /// unless its history is found.
+    pub fn outcomes(&self, id: i64) -> Vec<String> {
+        let (status, history) = self.get(&format!("/jobs/{id}/history"));
+        assert_eq!(status, 200, "history of {id}: {history}");
+        history["attempts"]
+            .as_array()
+            .expect("attempts")
+            .iter()
+            .map(|a| a["outcome"].as_str().expect("outcome").to_string())
+            .collect()
+    }
+
     /// The state of a job, or `None` if it is gone.
     pub fn state(&self, id: i64) -> Option<String> {
         let (status, answer) = self.get(&format!("/jobs/{id}"));
