@@ -971,6 +971,52 @@ fn worker_utilisation_per_hour_matches_a_scripted_run() {
         [&json!("2026-01-01 11:12:10"), &json!("gone")],
         "{w2_row}"
     );
+    // A third supervisor runs D through a ten-minute silence: neither the
+    // capacity nor the busy time of the gap counts (utilisation stays
+    // undefined rather than infinite), but the run it reported does.
+    clock.set("2026-01-01 11:30:00");
+    let w3 = json!({"id": "web-3-300", "host": "web-3", "pid": 300, "capacity": 1, "running": 0});
+    announce(&w3);
+    let d = api.create(json!({"name": "util/d"}));
+    let taken = api.dequeue(json!({"name": "util/d", "worker": w3, "leaseMs": 3_600_000}));
+    assert_eq!(taken[0]["jobID"], d);
+    let lease = taken[0]["lease"].as_str().unwrap().to_string();
+    clock.set("2026-01-01 11:40:00");
+    let (status, _) = api.post(&format!("/jobs/{d}/finish"), json!({"lease": lease}));
+    assert_eq!(status, 200);
+    // E is taken at 11:40:30 and finished by an operator at 11:41:00,
+    // without the lease: that is not hearing from the supervisor, nor a run
+    // it reported.
+    clock.set("2026-01-01 11:40:30");
+    let e = api.create(json!({"name": "util/e"}));
+    assert_eq!(
+        api.dequeue(json!({"name": "util/e", "worker": w3}))[0]["jobID"],
+        e
+    );
+    clock.set("2026-01-01 11:41:00");
+    let (code, _, stderr) = client_command(&server, &["job", "finish", &e.to_string()]);
+    assert_eq!(code, 0, "{stderr}");
+    clock.set("2026-01-01 11:50:00");
+    let (_, stats) = api
+        .get("/stats/workers?worker=web-3-*&from=2026-01-01%2011:00:00&to=2026-01-01%2012:00:00");
+    let w3_hour = worker_point(&stats, "web-3-300", "2026-01-01 11:00:00");
+    assert_eq!(
+        [&w3_hour["jobs"], &w3_hour["busySecs"]],
+        [&json!(1), &json!(0.0)],
+        "{w3_hour}"
+    );
+    assert!(close(&w3_hour["capacitySecs"], 30.0), "{w3_hour}");
+    assert_summary(&w3_hour["run"], 1, 600.0, 0.0, 600.0, 600.0);
+    let (_, workers) = api.get("/workers");
+    let w3_row = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "web-3-300")
+        .cloned()
+        .unwrap();
+    assert_eq!(w3_row["lastSeen"], "2026-01-01 11:40:30", "{w3_row}");
+
     // One supervisor by GLOB; hostile parameters refused.
     let (_, one) = api.get("/stats/workers?worker=web-2-*&from=2026-01-01&to=2026-01-02");
     assert_eq!(one["series"].as_array().unwrap().len(), 1, "{one}");
@@ -985,7 +1031,8 @@ fn worker_utilisation_per_hour_matches_a_scripted_run() {
     // Kept as long as the statistics (30 days), then purged.
     clock.set("2026-02-01 12:00:00");
     let (_, purged) = api.post("/purge", json!({}));
-    assert!(purged["stats"].as_u64().unwrap() >= 3, "{purged}");
+    // Six hours of names (util/a twice, b, c, d, e) and four of supervisors.
+    assert_eq!(purged["stats"], 10, "{purged}");
     let (_, stats) = api.get("/stats/workers?from=2026-01-01&to=2026-01-02");
     assert_eq!(stats["series"], json!([]), "{stats}");
 }

@@ -1,9 +1,11 @@
 //! What the queue's rules write to the ledger at each step of a job's life,
 //! in the transaction of the step itself, at the transaction's time.
 
+use std::collections::BTreeMap;
+
 use super::failure::{self, LEASE_LOST, NO_REPORT};
 use super::utilisation::{WorkerDelta, by_hour};
-use super::{ArchivedJob, Attempt, AttemptEnd, OpenAttempt, StatsDelta, hour_of};
+use super::{ArchivedJob, Attempt, AttemptEnd, StatsDelta, hour_of};
 use crate::protocol::{Data, Job, JobError, JobId, JobState, RunFacts, Timestamp, WorkerInfo};
 use crate::server::queue::Tracked;
 
@@ -30,10 +32,11 @@ pub fn handed_out(
 ) -> Result<(), JobError> {
     let now = tx.now;
     if let Some(worker) = worker {
-        heard_from(tx, &worker.id, Some(worker))?;
+        heard_from(tx, &worker.id, Some(worker), None)?;
     }
     // A retryAfter job handed out again without a report.
-    let superseded = tx.store().ledger().close_attempt(
+    let ledger = tx.store().ledger();
+    ledger.close_attempt(
         job.id,
         now,
         &AttemptEnd {
@@ -41,10 +44,6 @@ pub fn handed_out(
             ..AttemptEnd::default()
         },
     )?;
-    if let Some(open) = superseded {
-        run_closed(tx, &open, false)?;
-    }
-    let ledger = tx.store().ledger();
     ledger.open_attempt(&Attempt {
         job_id: job.id,
         name: job.name.clone(),
@@ -74,7 +73,7 @@ pub fn undelivered(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
 /// A job was deleted; an attempt still open ends as `deleted`.
 pub fn deleted(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
     let now = tx.now;
-    let open = tx.store().ledger().close_attempt(
+    tx.store().ledger().close_attempt(
         job_id,
         now,
         &AttemptEnd {
@@ -82,28 +81,30 @@ pub fn deleted(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
             ..AttemptEnd::default()
         },
     )?;
-    match open {
-        Some(open) => run_closed(tx, &open, false),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 /// A holder renewed its lease.
 pub fn heartbeat(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
     match tx.store().ledger().holder(job_id)? {
-        Some(worker) => heard_from(tx, &worker, None),
+        Some(worker) => heard_from(tx, &worker, None, None),
         None => Ok(()),
     }
 }
 
-/// A supervisor announced itself (`info`), or was heard from by a report
-/// or a heartbeat. The capacity it offered since it was last heard from
-/// counts, unless that was longer ago than `--worker-gone-after` (it was
-/// gone in between).
+/// A supervisor announced itself (`info`), or was heard from by a
+/// heartbeat or a report (`reported`: when the run it reported started; that
+/// run is no longer open). When it was last heard from no longer ago than
+/// `--worker-gone-after`, the time since counts as capacity it offered (its
+/// slots × the time) and as busy time for each of its runs; a longer gap is
+/// time it was gone, and counts as neither. So busy time never falls where
+/// capacity does not, and a run that ends without a report (a lapse, a
+/// deletion) kept its supervisor busy until it was last heard from.
 pub fn heard_from(
     tx: &mut Tracked,
     worker: &str,
     info: Option<&WorkerInfo>,
+    reported: Option<Timestamp>,
 ) -> Result<(), JobError> {
     let (now, gone_after) = (tx.now, tx.worker_gone_after_ms);
     let ledger = tx.store().ledger();
@@ -111,11 +112,18 @@ pub fn heard_from(
         && now > last_seen
         && now.0 - last_seen.0 <= gone_after
     {
+        let mut hours: BTreeMap<i64, WorkerDelta> = BTreeMap::new();
         for (hour, ms) in by_hour(last_seen, now) {
-            let delta = WorkerDelta {
-                capacity_ms: ms.saturating_mul(i64::from(capacity)),
-                ..WorkerDelta::default()
-            };
+            hours.entry(hour).or_default().capacity_ms = ms.saturating_mul(i64::from(capacity));
+        }
+        let runs = ledger.open_runs(Some(worker))?;
+        for started in runs.into_iter().map(|(_, started)| started).chain(reported) {
+            for (hour, ms) in by_hour(started.max(last_seen), now) {
+                let delta = hours.entry(hour).or_default();
+                delta.busy_ms = delta.busy_ms.saturating_add(ms);
+            }
+        }
+        for (hour, delta) in hours {
             ledger.add_worker_stats(worker, hour, &delta)?;
         }
     }
@@ -123,43 +131,6 @@ pub fn heard_from(
         Some(info) => ledger.see_worker(info, now),
         None => ledger.touch_worker(worker, now),
     }
-}
-
-/// A run of a supervisor's ended. It kept the supervisor busy from its
-/// hand-out until now when the supervisor `reported` it (and its
-/// executing time counts for the hour it ended in), or else until the
-/// supervisor was last heard from.
-fn run_closed(tx: &mut Tracked, open: &OpenAttempt, reported: bool) -> Result<(), JobError> {
-    let Some(worker) = open.worker.as_deref() else {
-        return Ok(());
-    };
-    let now = tx.now;
-    if reported {
-        heard_from(tx, worker, None)?;
-    }
-    let ledger = tx.store().ledger();
-    let until = if reported {
-        now
-    } else {
-        ledger
-            .sighting(worker)?
-            .map_or(open.started, |(last_seen, _)| last_seen.min(now))
-    };
-    for (hour, ms) in by_hour(open.started, until) {
-        let delta = WorkerDelta {
-            busy_ms: ms,
-            ..WorkerDelta::default()
-        };
-        ledger.add_worker_stats(worker, hour, &delta)?;
-    }
-    if reported {
-        let delta = WorkerDelta {
-            run_ms: Some(now.0.saturating_sub(open.started.0)),
-            ..WorkerDelta::default()
-        };
-        ledger.add_worker_stats(worker, hour_of(now), &delta)?;
-    }
-    Ok(())
 }
 
 /// How a run's report leaves the job.
@@ -174,8 +145,8 @@ pub enum Leaves {
 }
 
 /// A run ended: `outcome` is `finished`, `retried`, `failed` or
-/// `lease_lost`; `reported` when its holder said so (not a lapse);
-/// `job` is as it is now.
+/// `lease_lost`; `reported` when its holder said so with its lease (not a
+/// lapse, nor a report by someone else); `job` is as it is now.
 fn ended(
     tx: &mut Tracked,
     job: &Job,
@@ -185,8 +156,18 @@ fn ended(
 ) -> Result<(), JobError> {
     let now = tx.now;
     let open = tx.store().ledger().close_attempt(job.id, now, &end)?;
-    if let Some(open) = &open {
-        run_closed(tx, open, reported)?;
+    if reported
+        && let Some(open) = &open
+        && let Some(worker) = open.worker.as_deref()
+    {
+        heard_from(tx, worker, None, Some(open.started))?;
+        let run = WorkerDelta {
+            run_ms: Some(now.0.saturating_sub(open.started.0)),
+            ..WorkerDelta::default()
+        };
+        tx.store()
+            .ledger()
+            .add_worker_stats(worker, hour_of(now), &run)?;
     }
     let ledger = tx.store().ledger();
     let name = open.as_ref().map_or(job.name.as_str(), |a| a.name.as_str());
@@ -225,7 +206,10 @@ fn ended(
 }
 
 /// A report (FinishJob, RetryJob, FailJob) ended a run; `data` is the
-/// report's (its `_jobmgr` details say how), `run` what the supervisor saw.
+/// report's (its `_jobmgr` details say how), `run` what the supervisor saw;
+/// `by_holder` when it came with the run's lease token (a report without
+/// one, such as an operator's, does not count as hearing from the
+/// supervisor that holds the job).
 pub fn reported(
     tx: &mut Tracked,
     job: &Job,
@@ -233,9 +217,10 @@ pub fn reported(
     data: Option<&Data>,
     run: Option<&RunFacts>,
     leaves: Leaves,
+    by_holder: bool,
 ) -> Result<(), JobError> {
     let end = failure::reported_end(outcome, data, run);
-    ended(tx, job, end, leaves, true)
+    ended(tx, job, end, leaves, by_holder)
 }
 
 /// A lease lapsed; `failed` when the job is FAILED for it.

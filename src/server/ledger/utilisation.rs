@@ -3,11 +3,12 @@
 //! it busy, the capacity it offered while it was heard from (worker slots ×
 //! time), and its utilisation, busy time over capacity.
 //!
-//! Capacity counts from one sighting of a supervisor to the next when the
-//! two are no further apart than `--worker-gone-after`; a gap longer than
-//! that is time it was gone. A run keeps its supervisor busy from its
-//! hand-out until its report, or, when it ended without one (a lapsed lease,
-//! a deleted job), until the supervisor was last heard from.
+//! Both capacity and busy time count from one sighting of a supervisor to
+//! the next when the two are no further apart than `--worker-gone-after`; a
+//! gap longer than that is time it was gone, and counts as neither. A run
+//! keeps its supervisor busy from its hand-out until its report, or, when it
+//! ended without one (a lapsed lease, a deleted job, a report without its
+//! lease), until the supervisor was last heard from.
 
 use std::collections::BTreeMap;
 

@@ -180,7 +180,7 @@ impl Queue {
     /// Records a supervisor's presence.
     pub async fn see_worker(&self, worker: WorkerInfo) -> Result<(), JobError> {
         worker.check()?;
-        self.write(move |tx| record::heard_from(tx, &worker.id, Some(&worker)))
+        self.write(move |tx| record::heard_from(tx, &worker.id, Some(&worker), None))
             .await
     }
 
@@ -278,7 +278,7 @@ impl Queue {
                 Ok((
                     ledger.worker_stats(wanted.as_ref(), from, to)?,
                     ledger.workers()?,
-                    ledger.open_runs()?,
+                    ledger.open_runs(None)?,
                 ))
             })
             .await?;
@@ -290,7 +290,7 @@ impl Queue {
         let mut heard_until = BTreeMap::new();
         for row in workers.iter().filter(|w| wanted(&w.info.id)) {
             let (until, _) = row.heard_until(now, gone_after);
-            heard_until.insert(row.info.id.as_str(), until);
+            heard_until.insert(row.info.id.as_str(), (row.last_seen, until));
             hours.spread(
                 &row.info.id,
                 (row.last_seen, until),
@@ -299,9 +299,16 @@ impl Queue {
                 false,
             );
         }
+        // Busy time up to the last sighting is stored; from there on, live.
         for (worker, started) in open {
-            if let Some(&until) = heard_until.get(worker.as_str()) {
-                hours.spread(&worker, (started, until), (from, to), 1, true);
+            if let Some(&(last_seen, until)) = heard_until.get(worker.as_str()) {
+                hours.spread(
+                    &worker,
+                    (started.max(last_seen), until),
+                    (from, to),
+                    1,
+                    true,
+                );
             }
         }
         let step = period.millis();

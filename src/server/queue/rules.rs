@@ -307,6 +307,11 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     if !job.state.is_held() {
         return Err(JobError::NotHeldForFinish);
     }
+    // What the ledger records of this report, however it leaves the job.
+    let by_holder = lease.is_some();
+    let record_report = |tx: &mut Tracked, job: &Job, leaves: Leaves| {
+        record::reported(tx, job, outcome, data.as_ref(), run, leaves, by_holder)
+    };
     if job.is_child() {
         let parent_state = tx.get(job.parent_id)?.map(|p| p.state);
         if parent_state != Some(JobState::Paused) {
@@ -350,7 +355,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
                 tx.update(&child)?;
             }
         }
-        return record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Stays);
+        return record_report(tx, &job, Leaves::Stays);
     }
 
     let mut ignore_repeat = false;
@@ -407,20 +412,20 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         job.state = JobState::Queued;
         job.next_run = next;
         tx.update(&job)?;
-        return record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Stays);
+        return record_report(tx, &job, Leaves::Stays);
     }
 
     if job.is_child() {
         job.state = JobState::Finished;
         tx.update(&job)?;
-        record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Finished)?;
+        record_report(tx, &job, Leaves::Finished)?;
         resume_parent_if_done(tx, job.parent_id, &PENDING_CHILD)?;
         return Ok(());
     }
     if !tx.children(id)?.is_empty() {
         return Err(JobError::OutstandingChildren);
     }
-    record::reported(tx, &job, outcome, data.as_ref(), run, Leaves::Finished)?;
+    record_report(tx, &job, Leaves::Finished)?;
     tx.delete(id)
 }
 
@@ -466,6 +471,7 @@ pub fn fail(tx: &mut Tracked, cmd: &FailJob) -> Result<(), JobError> {
         cmd.data.as_ref(),
         cmd.run.as_ref(),
         Leaves::Failed,
+        cmd.lease.is_some(),
     )
 }
 

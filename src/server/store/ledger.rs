@@ -86,9 +86,9 @@ pub trait LedgerTx {
     fn sighting(&mut self, worker: &str) -> Result<Option<(Timestamp, u32)>, JobError>;
     /// The supervisor holding a job's open attempt, if it said who it is.
     fn holder(&mut self, job_id: JobId) -> Result<Option<String>, JobError>;
-    /// Every open attempt taken by a supervisor that said who it is:
-    /// the supervisor and when the attempt started.
-    fn open_runs(&mut self) -> Result<Vec<(String, Timestamp)>, JobError>;
+    /// Every open attempt taken by `worker` (by any supervisor that said
+    /// who it is, for `None`): the supervisor and when the attempt started.
+    fn open_runs(&mut self, worker: Option<&str>) -> Result<Vec<(String, Timestamp)>, JobError>;
     /// Every supervisor in the registry, most recently seen first.
     fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError>;
     /// Milliseconds a supervisor's attempts spent running in `[from, to)`

@@ -522,17 +522,29 @@ impl LedgerTx for SqliteTx<'_> {
             .map_err(store_error)
     }
 
-    fn open_runs(&mut self) -> Result<Vec<(String, Timestamp)>, JobError> {
-        let mut statement = self
-            .conn
-            .prepare_cached(
-                "SELECT worker, started FROM attempts WHERE ended IS NULL AND worker IS NOT NULL",
-            )
-            .map_err(store_error)?;
-        let rows = statement
-            .query_map([], |row| Ok((row.get(0)?, Timestamp(row.get(1)?))))
-            .map_err(store_error)?;
-        rows.collect::<Result<_, _>>().map_err(store_error)
+    fn open_runs(&mut self, worker: Option<&str>) -> Result<Vec<(String, Timestamp)>, JobError> {
+        let read = |row: &Row<'_>| Ok((row.get(0)?, Timestamp(row.get(1)?)));
+        let rows = match worker {
+            Some(worker) => self
+                .conn
+                .prepare_cached(
+                    "SELECT worker, started FROM attempts WHERE worker = ?1 AND ended IS NULL",
+                )
+                .map_err(store_error)?
+                .query_map([worker], read)
+                .map_err(store_error)?
+                .collect::<Result<_, _>>(),
+            None => self
+                .conn
+                .prepare_cached(
+                    "SELECT worker, started FROM attempts WHERE ended IS NULL AND worker IS NOT NULL",
+                )
+                .map_err(store_error)?
+                .query_map([], read)
+                .map_err(store_error)?
+                .collect::<Result<_, _>>(),
+        };
+        rows.map_err(store_error)
     }
 
     fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError> {
@@ -762,7 +774,7 @@ impl LedgerTx for FailingTx {
     fn holder(&mut self, _: JobId) -> Result<Option<String>, JobError> {
         Err(self.0.clone())
     }
-    fn open_runs(&mut self) -> Result<Vec<(String, Timestamp)>, JobError> {
+    fn open_runs(&mut self, _: Option<&str>) -> Result<Vec<(String, Timestamp)>, JobError> {
         Err(self.0.clone())
     }
     fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError> {
