@@ -848,6 +848,18 @@ fn assert_worker_figures(point: &Value, jobs: u64, busy: f64, capacity: f64) {
     );
 }
 
+/// A supervisor's row in `GET /workers`.
+fn registry_row(api: &Api, id: &str) -> Value {
+    let (_, workers) = api.get("/workers");
+    workers["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|r| r["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no supervisor {id} in {workers}"))
+}
+
 #[test]
 fn worker_utilisation_per_hour_matches_a_scripted_run() {
     let clock = Clock::at("2026-01-01 10:59:00");
@@ -958,14 +970,7 @@ fn worker_utilisation_per_hour_matches_a_scripted_run() {
     );
     let (_, history) = api.get(&format!("/jobs/{c}/history"));
     assert_eq!(history["attempts"][0]["outcome"], "lease_lost", "{history}");
-    let (_, workers) = api.get("/workers");
-    let w2_row = workers["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["id"] == "web-2-200")
-        .cloned()
-        .unwrap();
+    let w2_row = registry_row(&api, "web-2-200");
     assert_eq!(
         [&w2_row["lastSeen"], &w2_row["state"]],
         [&json!("2026-01-01 11:12:10"), &json!("gone")],
@@ -1007,14 +1012,7 @@ fn worker_utilisation_per_hour_matches_a_scripted_run() {
     );
     assert!(close(&w3_hour["capacitySecs"], 30.0), "{w3_hour}");
     assert_summary(&w3_hour["run"], 1, 600.0, 0.0, 600.0, 600.0);
-    let (_, workers) = api.get("/workers");
-    let w3_row = workers["workers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["id"] == "web-3-300")
-        .cloned()
-        .unwrap();
+    let w3_row = registry_row(&api, "web-3-300");
     assert_eq!(w3_row["lastSeen"], "2026-01-01 11:40:30", "{w3_row}");
 
     // One supervisor by GLOB; hostile parameters refused.

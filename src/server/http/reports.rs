@@ -1,6 +1,7 @@
 //! The API's reports from the ledger: statistics shaped for charts (per
 //! name and per supervisor), the worker registry, failure groups with
-//! their bulk actions, job history, and purging. Every answer is JSON a chart library can plot as it is.
+//! their bulk actions, job history, and purging. Every answer is JSON a
+//! chart library can plot as it is.
 
 use axum::Json;
 use axum::extract::{Path, State};

@@ -1,8 +1,9 @@
 //! The server's ledger of what happened to jobs, beside the queue itself:
 //! every attempt (who ran it, when, how it ended, the tail of its output),
 //! the archive of ended jobs, hourly statistics per job name and per
-//! supervisor, the registry of supervisors, and failure groups. The queue's rules write it in the same
-//! transaction as the change it records; [`retention`] purges it.
+//! supervisor, the registry of supervisors, and failure groups. The queue's
+//! rules write it in the same transaction as the change it records;
+//! [`retention`] purges it.
 //!
 //! None of it changes what a Bedrock client sees.
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::failure::{self, LEASE_LOST, NO_REPORT};
-use super::utilisation::{WorkerDelta, by_hour};
+use super::utilisation::heard_span;
 use super::{ArchivedJob, Attempt, AttemptEnd, StatsDelta, hour_of};
 use crate::protocol::{Data, Job, JobError, JobId, JobState, RunFacts, Timestamp, WorkerInfo};
 use crate::server::queue::Tracked;
@@ -94,7 +94,7 @@ pub fn heartbeat(tx: &mut Tracked, job_id: JobId) -> Result<(), JobError> {
 
 /// A supervisor announced itself (`info`), or was heard from by a
 /// heartbeat or a report (`reported`: when the run it reported started; that
-/// run is no longer open). When it was last heard from no longer ago than
+/// run is no longer open, and its executing time counts). When it was last heard from no longer ago than
 /// `--worker-gone-after`, the time since counts as capacity it offered (its
 /// slots × the time) and as busy time for each of its runs; a longer gap is
 /// time it was gone, and counts as neither. So busy time never falls where
@@ -108,24 +108,21 @@ pub fn heard_from(
 ) -> Result<(), JobError> {
     let (now, gone_after) = (tx.now, tx.worker_gone_after_ms);
     let ledger = tx.store().ledger();
+    let mut hours = BTreeMap::new();
     if let Some((last_seen, capacity)) = ledger.sighting(worker)?
         && now > last_seen
         && now.0 - last_seen.0 <= gone_after
     {
-        let mut hours: BTreeMap<i64, WorkerDelta> = BTreeMap::new();
-        for (hour, ms) in by_hour(last_seen, now) {
-            hours.entry(hour).or_default().capacity_ms = ms.saturating_mul(i64::from(capacity));
-        }
         let runs = ledger.open_runs(Some(worker))?;
-        for started in runs.into_iter().map(|(_, started)| started).chain(reported) {
-            for (hour, ms) in by_hour(started.max(last_seen), now) {
-                let delta = hours.entry(hour).or_default();
-                delta.busy_ms = delta.busy_ms.saturating_add(ms);
-            }
-        }
-        for (hour, delta) in hours {
-            ledger.add_worker_stats(worker, hour, &delta)?;
-        }
+        let runs = runs.into_iter().map(|(_, started)| started).chain(reported);
+        hours = heard_span((last_seen, now), capacity, runs, (last_seen, now));
+    }
+    // The run it reported: its executing time, in the hour it ended.
+    if let Some(started) = reported {
+        hours.entry(hour_of(now)).or_default().run_ms = Some(now.0.saturating_sub(started.0));
+    }
+    for (hour, delta) in hours {
+        ledger.add_worker_stats(worker, hour, &delta)?;
     }
     match info {
         Some(info) => ledger.see_worker(info, now),
@@ -161,13 +158,6 @@ fn ended(
         && let Some(worker) = open.worker.as_deref()
     {
         heard_from(tx, worker, None, Some(open.started))?;
-        let run = WorkerDelta {
-            run_ms: Some(now.0.saturating_sub(open.started.0)),
-            ..WorkerDelta::default()
-        };
-        tx.store()
-            .ledger()
-            .add_worker_stats(worker, hour_of(now), &run)?;
     }
     let ledger = tx.store().ledger();
     let name = open.as_ref().map_or(job.name.as_str(), |a| a.name.as_str());

@@ -106,46 +106,29 @@ pub fn by_hour(from: Timestamp, to: Timestamp) -> impl Iterator<Item = (i64, i64
     })
 }
 
-/// Hourly rows keyed by supervisor and hour, to which live spans (runs
-/// still going, capacity since the last sighting) are added at query time.
-#[derive(Debug, Default)]
-pub struct WorkerHours(pub BTreeMap<(String, i64), WorkerStatsRow>);
-
-impl WorkerHours {
-    /// Adds `slots` × the part of `[from, to)` inside `[window_from,
-    /// window_to)` to a supervisor's busy time (`busy`) or capacity.
-    pub fn spread(
-        &mut self,
-        worker: &str,
-        (from, to): (Timestamp, Timestamp),
-        (window_from, window_to): (Timestamp, Timestamp),
-        slots: i64,
-        busy: bool,
-    ) {
-        let (from, to) = (from.max(window_from), to.min(window_to));
-        for (hour, ms) in by_hour(from, to) {
-            let row = self
-                .0
-                .entry((worker.to_string(), hour))
-                .or_insert_with(|| WorkerStatsRow {
-                    worker: worker.to_string(),
-                    hour,
-                    ..WorkerStatsRow::default()
-                });
-            let amount = ms.saturating_mul(slots);
-            row.add(&if busy {
-                WorkerDelta {
-                    busy_ms: amount,
-                    ..WorkerDelta::default()
-                }
-            } else {
-                WorkerDelta {
-                    capacity_ms: amount,
-                    ..WorkerDelta::default()
-                }
-            });
+/// What a supervisor's time from its sighting at `last_seen` until
+/// `until` adds to its hours, clipped to `[window_from, window_to)`: its
+/// `capacity` slots offered, and busy time for each run it holds (given by
+/// when the run started). Both the ledger's writes at each sighting and the
+/// live additions of a query count time this way.
+pub fn heard_span(
+    (last_seen, until): (Timestamp, Timestamp),
+    capacity: u32,
+    runs: impl IntoIterator<Item = Timestamp>,
+    (window_from, window_to): (Timestamp, Timestamp),
+) -> BTreeMap<i64, WorkerDelta> {
+    let clip = |from: Timestamp| by_hour(from.max(window_from), until.min(window_to));
+    let mut hours: BTreeMap<i64, WorkerDelta> = BTreeMap::new();
+    for (hour, ms) in clip(last_seen) {
+        hours.entry(hour).or_default().capacity_ms = ms.saturating_mul(i64::from(capacity));
+    }
+    for started in runs {
+        for (hour, ms) in clip(started.max(last_seen)) {
+            let delta = hours.entry(hour).or_default();
+            delta.busy_ms = delta.busy_ms.saturating_add(ms);
         }
     }
+    hours
 }
 
 #[cfg(test)]
@@ -188,18 +171,30 @@ mod tests {
 
     #[test]
     fn utilisation_is_busy_over_capacity() {
-        let mut hours = WorkerHours::default();
         let window = (at("2026-01-01"), at("2026-01-02"));
-        let span = (at("2026-01-01 10:30:00"), at("2026-01-01 11:30:00"));
-        hours.spread("w", span, window, 2, false);
-        hours.spread("w", span, window, 1, true);
-        let row = &hours.0[&("w".to_string(), at("2026-01-01 10:00:00").0)];
-        assert_eq!((row.busy_ms, row.capacity_ms), (1_800_000, 3_600_000));
-        assert_eq!(row.utilisation(), Some(0.5));
-        assert_eq!(row.to_json()["busySecs"], 1800.0);
+        // Heard from 10:30 to 11:30 with 2 slots, one run from 10:00 on
+        // (busy only from the sighting) and one from 11:15.
+        let hours = heard_span(
+            (at("2026-01-01 10:30:00"), at("2026-01-01 11:30:00")),
+            2,
+            [at("2026-01-01 10:00:00"), at("2026-01-01 11:15:00")],
+            window,
+        );
+        let mut ten = WorkerStatsRow::default();
+        ten.add(&hours[&at("2026-01-01 10:00:00").0]);
+        assert_eq!((ten.busy_ms, ten.capacity_ms), (1_800_000, 3_600_000));
+        assert_eq!(ten.utilisation(), Some(0.5));
+        assert_eq!(ten.to_json()["busySecs"], 1800.0);
+        let eleven = hours[&at("2026-01-01 11:00:00").0];
+        assert_eq!((eleven.busy_ms, eleven.capacity_ms), (2_700_000, 3_600_000));
         // Outside the window counts nothing.
-        hours.spread("w", (at("2025-12-31"), at("2026-01-01")), window, 1, true);
-        assert_eq!(hours.0.len(), 2);
+        let outside = heard_span(
+            (at("2025-12-31 23:00:00"), at("2026-01-01 00:00:00")),
+            1,
+            [at("2025-12-31 23:00:00")],
+            window,
+        );
+        assert!(outside.is_empty(), "{outside:?}");
         assert_eq!(WorkerStatsRow::default().utilisation(), None);
     }
 }

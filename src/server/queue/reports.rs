@@ -1,7 +1,7 @@
 //! What the queue answers from its ledger: statistics shaped for charts,
-//! per name and per supervisor, the worker registry, failure groups and their bulk actions, a job's
-//! history, and the purge that retention asks for (run every
-//! `purge_every`).
+//! per name and per supervisor, the worker registry, failure groups and
+//! their bulk actions, a job's history, and the purge that retention asks
+//! for (run every `purge_every`).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,7 @@ use crate::protocol::view::query_json;
 use crate::protocol::{Job, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
 use crate::server::ledger::record;
 use crate::server::ledger::retention::millis;
-use crate::server::ledger::utilisation::WorkerHours;
+use crate::server::ledger::utilisation::heard_span;
 use crate::server::ledger::{
     ArchivedJob, Attempt, FailureGroup, HOUR_MS, PurgeCounts, StatsRow, WorkerStatsRow,
 };
@@ -282,38 +282,37 @@ impl Queue {
                 ))
             })
             .await?;
-        let mut hours = WorkerHours::default();
-        for row in rows {
-            hours.0.insert((row.worker.clone(), row.hour), row);
-        }
-        let wanted = |worker: &str| pattern.as_ref().is_none_or(|p| p.matches(worker));
-        let mut heard_until = BTreeMap::new();
-        for row in workers.iter().filter(|w| wanted(&w.info.id)) {
-            let (until, _) = row.heard_until(now, gone_after);
-            heard_until.insert(row.info.id.as_str(), (row.last_seen, until));
-            hours.spread(
-                &row.info.id,
-                (row.last_seen, until),
-                (from, to),
-                i64::from(row.info.capacity),
-                false,
-            );
-        }
-        // Busy time up to the last sighting is stored; from there on, live.
+        let mut hours: BTreeMap<(String, i64), WorkerStatsRow> = rows
+            .into_iter()
+            .map(|row| ((row.worker.clone(), row.hour), row))
+            .collect();
+        // Stored figures reach each supervisor's last sighting; the time
+        // since (to now, or nothing for one that is gone) is added live.
+        let mut runs: BTreeMap<String, Vec<Timestamp>> = BTreeMap::new();
         for (worker, started) in open {
-            if let Some(&(last_seen, until)) = heard_until.get(worker.as_str()) {
-                hours.spread(
-                    &worker,
-                    (started.max(last_seen), until),
-                    (from, to),
-                    1,
-                    true,
-                );
+            runs.entry(worker).or_default().push(started);
+        }
+        for row in workers {
+            if !pattern.as_ref().is_none_or(|p| p.matches(&row.info.id)) {
+                continue;
+            }
+            let (until, _) = row.heard_until(now, gone_after);
+            let held = runs.remove(&row.info.id).unwrap_or_default();
+            let span = (row.last_seen, until);
+            for (hour, delta) in heard_span(span, row.info.capacity, held, (from, to)) {
+                hours
+                    .entry((row.info.id.clone(), hour))
+                    .or_insert_with(|| WorkerStatsRow {
+                        worker: row.info.id.clone(),
+                        hour,
+                        ..WorkerStatsRow::default()
+                    })
+                    .add(&delta);
             }
         }
         let step = period.millis();
         let mut by_worker: BTreeMap<String, BTreeMap<i64, WorkerStatsRow>> = BTreeMap::new();
-        for ((worker, hour), row) in hours.0 {
+        for ((worker, hour), row) in hours {
             let bucket = hour.div_euclid(step) * step;
             by_worker
                 .entry(worker.clone())
