@@ -173,16 +173,20 @@ fn describe() {
 const GATE_STATES: [&str; 6] = ["open", "load", "memory", "full", "ramp", "unreadable"];
 
 /// Records a pool's gate state and the machine's last reading.
+///
+/// The readings are set before the state they explain, so that a scrape
+/// that sees the new state mostly sees its reading too (a scrape is not
+/// atomic across gauges).
 pub fn gate(pool: &str, state: &'static str, load1: Option<f64>, available: Option<u64>) {
-    for candidate in GATE_STATES {
-        gauge!("jobmgr_gate_state", "pool" => pool.to_string(), "state" => candidate)
-            .set(if candidate == state { 1.0 } else { 0.0 });
-    }
     if let Some(load1) = load1 {
         gauge!("jobmgr_load1").set(load1);
     }
     if let Some(available) = available {
         gauge!("jobmgr_memory_available_bytes").set(available as f64);
+    }
+    for candidate in GATE_STATES {
+        gauge!("jobmgr_gate_state", "pool" => pool.to_string(), "state" => candidate)
+            .set(if candidate == state { 1.0 } else { 0.0 });
     }
 }
 

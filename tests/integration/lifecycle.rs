@@ -238,11 +238,16 @@ fn metrics_show_the_gate_and_the_jobs() {
         "{text}"
     );
 
-    // High load closes the gate, and the metrics say so.
+    // High load closes the gate, and the metrics say so. A scrape may fall
+    // between the updates of two gauges, so wait for a scrape after all of
+    // them.
     sup.set_load(9.0);
     let text = poll("the gate to show as closed by load", || {
         let text = scrape(&addr);
-        (sample(&text, "jobmgr_gate_state", &["state=\"load\""]) == Some(1.0)).then_some(text)
+        (sample(&text, "jobmgr_gate_state", &["state=\"load\""]) == Some(1.0)
+            && sample(&text, "jobmgr_gate_state", &["state=\"open\""]) == Some(0.0)
+            && sample(&text, "jobmgr_load1", &[]) == Some(9.0))
+        .then_some(text)
     });
     assert_eq!(sample(&text, "jobmgr_load1", &[]), Some(9.0), "{text}");
     assert_eq!(
