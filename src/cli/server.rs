@@ -49,6 +49,9 @@ pub struct ServerArgs {
     /// Lapsed leases after which a job is FAILED instead of queued again.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
     pub max_lapses: i64,
+    /// Queue again a RUNNING job held without a lease (by a plain Bedrock client that may have died) this long after its hand-out, counting a lapse [default: off]
+    #[arg(long, env = "JOBMGR_REQUEUE_UNLEASED_AFTER", value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub requeue_unleased_after: Option<Duration>,
     /// Ended jobs (archived, and FAILED ones still queued) and attempts are kept this long.
     #[arg(long, value_name = "DURATION", default_value = "7days", value_parser = humantime::parse_duration)]
     pub history_max_age: Duration,
@@ -92,6 +95,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         queue: QueueConfig {
             default_lease_ms: lease_ms,
             max_lapses: args.max_lapses,
+            requeue_unleased_after: args.requeue_unleased_after,
             retention: Retention {
                 history_max_age: args.history_max_age,
                 history_max_count: args.history_max_count,

@@ -198,6 +198,12 @@ pub fn connect(url: &str, token: Option<String>) -> Result<Arc<dyn JobSource>, C
     if let Some(addr) = url.strip_prefix("bedrock://") {
         let source = crate::client::BedrockSource::new(addr.trim_end_matches('/'))
             .map_err(|e| CliError::Usage(format!("bad --server {url:?}: {e}")))?;
+        // At start-up, say once if the server gives no leases (a real
+        // Bedrock); the first hand-out tells it too, if it cannot be asked now.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let probe = source.clone();
+            runtime.spawn(async move { probe.probe_leases().await });
+        }
         return Ok(Arc::new(source));
     }
     Err(CliError::Usage(format!(

@@ -21,8 +21,16 @@
 //! - **Commands.** GetJobs, UpdateJob, FinishJob, RetryJob and FailJob for
 //!   the supervisor's loop; CreateJob, QueryJob and DeleteJob for jobs it
 //!   declares itself.
-//! - **No leases.** Bedrock holds a job without `retryAfter` until it is
-//!   reported, so hand-outs carry no lease token and heartbeats are no-ops.
+//! - **Leases where the server gives them.** GetJobs asks for a lease
+//!   (`leaseMs`, the supervisor's lease term). jobmgr's own Bedrock port
+//!   answers with the lease (`lease`, `leaseExpires`, `leaseMs`), renewed by
+//!   `Heartbeat` and shown with every report, as over HTTP: a supervisor that
+//!   dies loses its jobs when the lease lapses, and a late report from it is
+//!   refused (`409`, [`SourceError::LeaseLost`]). A real Bedrock ignores the
+//!   field and has no leases: it holds a job without `retryAfter` until it is
+//!   reported and re-issues one with `retryAfter` after it. The source learns
+//!   which from a probe (`Heartbeat` is unknown to Bedrock: `430`) or the
+//!   first hand-out, and warns once when the server gives no leases.
 //!
 //! Dropping a `get_jobs` future mid-wait closes its connection, so the server
 //! sees the client gone and hands the job to nobody.
@@ -42,6 +50,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use super::source::{FetchMode, JobSource, LeasedJob, Report, SourceError};
 use crate::protocol::{CreateJob, Data, JobId};
+use crate::server::http::{MAX_LEASE_MS, MIN_LEASE_MS};
 use crate::server::store::BoxFuture;
 
 /// The largest answer body accepted.
@@ -87,6 +96,8 @@ struct Inner {
     idle: Mutex<Vec<Connection>>,
     /// Whether the server waits, and the current polling pause.
     fetch: Mutex<FetchState>,
+    /// Whether the server gives leases, once known.
+    leases: Mutex<Option<bool>>,
 }
 
 struct FetchState {
@@ -134,8 +145,45 @@ impl BedrockSource {
                     mode: FetchMode::Blocking,
                     backoff: FIRST_BACKOFF,
                 }),
+                leases: Mutex::new(None),
             }),
         })
+    }
+
+    /// Asks the server whether it gives leases: jobmgr's Bedrock port knows
+    /// `Heartbeat` (and answers this empty one `402 Missing jobID`), a real
+    /// Bedrock answers `430 Unrecognized command`. Logs a warning once when
+    /// it gives none. `None` when the server could not be asked.
+    pub async fn probe_leases(&self) -> Option<bool> {
+        let response = self
+            .call(&Request::new("Heartbeat"), COMMAND_TIMEOUT)
+            .await
+            .ok()?;
+        let leases = response.code != 430;
+        self.learn_leases(leases);
+        Some(leases)
+    }
+
+    /// Whether the server gives leases, as far as known.
+    pub fn gives_leases(&self) -> Option<bool> {
+        *lock(&self.inner.leases)
+    }
+
+    /// Records whether the server gives leases; the first time it is found
+    /// to give none, says what that costs.
+    fn learn_leases(&self, leases: bool) {
+        let before = lock(&self.inner.leases).replace(leases);
+        if leases || before == Some(false) {
+            return;
+        }
+        tracing::warn!(
+            source = %self.describe(),
+            "this Bedrock server gives no leases: a job without retryAfter is held until it is \
+             reported, so if this supervisor dies mid-job the job stays RUNNING (Bedrock \
+             re-issues only jobs with retryAfter, once it has passed). Give jobs a retryAfter \
+             longer than their run, or use jobmgr's server (its Bedrock port gives leases, \
+             and `jobmgr server --requeue-unleased-after` puts back jobs of clients without)"
+        );
     }
 
     /// An idle connection that still looks open, if the pool has one.
@@ -218,15 +266,24 @@ impl BedrockSource {
         pattern: &str,
         count: usize,
         wait: Duration,
+        lease: Duration,
     ) -> Result<Option<Vec<LeasedJob>>, SourceError> {
+        let lease_ms = (lease.as_millis() as u64).clamp(MIN_LEASE_MS, MAX_LEASE_MS);
         let request = Request::new("GetJobs")
             .text("name", pattern)
             .value("numResults", count.max(1))
+            .value("leaseMs", lease_ms)
             .value("Connection", "wait")
             .value("Timeout", wait.as_millis());
         let response = self.call(&request, wait + WAIT_MARGIN).await?;
         match response.code {
-            200..=299 => parse_jobs(&response.body).map(Some),
+            200..=299 => {
+                let jobs = parse_jobs(&response.body)?;
+                if let Some(job) = jobs.first() {
+                    self.learn_leases(job.lease.is_some());
+                }
+                Ok(Some(jobs))
+            }
             404 => Ok(None),
             _ => Err(self.failure(&format!("GetJobs {pattern:?}"), &response)),
         }
@@ -246,10 +303,10 @@ impl BedrockSource {
     /// A command that changes one job: `Ok` on any `2xx`.
     async fn job_command(&self, request: Request, id: JobId) -> Result<(), SourceError> {
         let response = self.call(&request, COMMAND_TIMEOUT).await?;
-        if (200..=299).contains(&response.code) {
-            Ok(())
-        } else {
-            Err(self.failure(&format!("{} of job {id}", request.method), &response))
+        match response.code {
+            200..=299 => Ok(()),
+            409 => Err(SourceError::LeaseLost(id)),
+            _ => Err(self.failure(&format!("{} of job {id}", request.method), &response)),
         }
     }
 
@@ -310,22 +367,22 @@ impl BedrockSource {
 }
 
 impl JobSource for BedrockSource {
-    /// GetJobs with `Connection: wait`; against a server that answers at once,
-    /// polls with backoff until `wait` is used up. `lease` is not used: the
-    /// Bedrock port holds a job until it is reported.
+    /// GetJobs with `Connection: wait` and `leaseMs` (from `lease`, within
+    /// 100 ms and a day); against a server that answers at once, polls with
+    /// backoff until `wait` is used up.
     fn get_jobs<'a>(
         &'a self,
         pattern: &'a str,
         count: usize,
         wait: Duration,
-        _lease: Duration,
+        lease: Duration,
     ) -> BoxFuture<'a, Result<Vec<LeasedJob>, SourceError>> {
         Box::pin(async move {
             let deadline = Instant::now() + wait.min(LONGEST_WAIT);
             loop {
                 let asked = deadline.saturating_duration_since(Instant::now());
                 let sent = Instant::now();
-                if let Some(jobs) = self.get_jobs_once(pattern, count, asked).await? {
+                if let Some(jobs) = self.get_jobs_once(pattern, count, asked, lease).await? {
                     if !jobs.is_empty() {
                         self.job_arrived();
                     }
@@ -347,13 +404,22 @@ impl JobSource for BedrockSource {
         })
     }
 
-    /// Nothing to renew: a job handed out on the Bedrock port without
-    /// `retryAfter` has no lease.
-    fn heartbeat<'a>(&'a self, _job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async { Ok(()) })
+    /// `Heartbeat` with the job's lease; nothing to renew for a job handed
+    /// out without one (by a real Bedrock). `409` is
+    /// [`SourceError::LeaseLost`].
+    fn heartbeat<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let Some(lease) = &job.lease else {
+                return Ok(());
+            };
+            let request = Request::new("Heartbeat")
+                .value("jobID", job.id)
+                .text("lease", lease);
+            self.job_command(request, job.id).await
+        })
     }
 
-    /// UpdateJob with the new `data`.
+    /// UpdateJob with the new `data`, under the job's lease when it has one.
     fn update<'a>(
         &'a self,
         job: &'a LeasedJob,
@@ -362,18 +428,21 @@ impl JobSource for BedrockSource {
         Box::pin(async move {
             let request = Request::new("UpdateJob")
                 .value("jobID", job.id)
-                .json("data", data)?;
+                .json("data", data)?
+                .lease(job.lease.as_deref());
             self.job_command(request, job.id).await
         })
     }
 
     /// FinishJob, RetryJob (with `delay`, negative taken as 0) or FailJob,
-    /// with `data` when the report has some. `404`/`405` (the job is gone or
-    /// not held) and other `4xx` are [`SourceError::Refused`].
+    /// with `data` when the report has some and `lease` when the hand-out
+    /// had one. `409` (the lease lapsed) is [`SourceError::LeaseLost`];
+    /// `404`/`405` (the job is gone or not held) and other `4xx` are
+    /// [`SourceError::Refused`].
     fn report<'a>(
         &'a self,
         id: JobId,
-        _lease: Option<&'a str>,
+        lease: Option<&'a str>,
         report: &'a Report,
     ) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
@@ -394,7 +463,7 @@ impl JobSource for BedrockSource {
                     (request, data)
                 }
             };
-            let mut request = request.value("jobID", id);
+            let mut request = request.value("jobID", id).lease(lease);
             if let Some(data) = data {
                 request = request.json("data", data)?;
             }
@@ -538,6 +607,14 @@ impl Request {
             )));
         }
         Ok(self.value(name, text))
+    }
+
+    /// The `lease` header, when there is a lease token.
+    fn lease(self, token: Option<&str>) -> Self {
+        match token {
+            Some(token) => self.text("lease", token),
+            None => self,
+        }
     }
 
     fn encode(&self) -> Vec<u8> {

@@ -5,6 +5,7 @@ mod common;
 
 mod bedrock;
 mod bedrock_client;
+mod bedrock_leases;
 mod chaos;
 mod children;
 mod cli;

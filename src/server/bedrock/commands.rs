@@ -2,6 +2,12 @@
 //! values (or fields of a JSON body), answers as a status line and a JSON
 //! object. Each command is checked with the same rules as the HTTP API and
 //! run on the same queue.
+//!
+//! Leases, for clients that ask (jobmgr's own supervisor): GetJob(s) with
+//! `leaseMs` hands out under a lease and answers with the HTTP dequeue's
+//! lease fields; `Heartbeat` renews it; UpdateJob, FinishJob, RetryJob and
+//! FailJob with `lease` are refused (`409 Lease lost`) once it lapsed. A
+//! request without these fields is answered exactly as Bedrock answers it.
 
 use std::time::Duration;
 
@@ -106,6 +112,11 @@ impl<'a> Params<'a> {
         }
     }
 
+    /// The lease token a holder shows (`lease`), when it shows one.
+    fn lease(&self) -> Option<String> {
+        self.text("lease")
+    }
+
     fn job_id(&self) -> Result<JobId, JobError> {
         parse_job_id("jobID", &self.text("jobID").unwrap_or_default())
     }
@@ -130,7 +141,7 @@ impl<'a> Params<'a> {
 }
 
 /// The commands the port answers (lower-cased), for counting requests.
-const COMMANDS: [&str; 12] = [
+const COMMANDS: [&str; 13] = [
     "createjob",
     "createjobs",
     "getjob",
@@ -143,6 +154,7 @@ const COMMANDS: [&str; 12] = [
     "deletejob",
     "canceljob",
     "requeuejobs",
+    "heartbeat",
 ];
 
 /// Runs one request and answers it; errors become their status lines.
@@ -223,7 +235,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
                     .text("nextRun")
                     .map(|t| parse_time("nextRun", &t))
                     .transpose()?,
-                lease: None,
+                lease: params.lease(),
             };
             queue.update(cmd).await?;
             Ok(Answer::empty())
@@ -232,7 +244,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
             let cmd = FinishJob {
                 id: params.job_id()?,
                 data: params.data()?,
-                lease: None,
+                lease: params.lease(),
                 run: None,
             };
             queue.finish(cmd).await?;
@@ -261,7 +273,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
                 name,
                 priority: params.priority()?,
                 ignore_repeat: params.flag("ignoreRepeat")?,
-                lease: None,
+                lease: params.lease(),
                 run: None,
             };
             queue.retry(cmd).await?;
@@ -271,7 +283,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
             let cmd = FailJob {
                 id: params.job_id()?,
                 data: params.data()?,
-                lease: None,
+                lease: params.lease(),
                 run: None,
             };
             queue.fail(cmd).await?;
@@ -290,6 +302,14 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
             let name = params.text("name");
             queue.requeue(RequeueJobs { ids, name }).await?;
             Ok(Answer::empty())
+        }
+        "heartbeat" => {
+            let id = params.job_id()?;
+            let token = params.lease().ok_or(JobError::Missing("lease"))?;
+            let expires = queue.heartbeat(id, token).await?;
+            Ok(Answer::ok(
+                json!({"leaseExpires": expires.map(|t| t.to_string()).unwrap_or_default()}),
+            ))
         }
         _ => Err(JobError::UnrecognizedCommand),
     }
@@ -359,29 +379,48 @@ async fn get_jobs(
                 .and_then(|t| t.trim().parse::<u64>().ok())
                 .map_or(MAX_WAIT, |ms| Duration::from_millis(ms).min(MAX_WAIT))
         });
+    let lease = lease_term(params)?;
     let cmd = GetJobs {
         pattern,
         num_results,
         priority: params.priority()?,
-        lease: LeaseTerm::UntilReported,
+        lease,
         worker: None,
     };
     let handouts = queue.get_jobs(cmd, wait).await?;
     if handouts.is_empty() {
         return Err(JobError::NoJobFound);
     }
+    // Only a client that asked for a lease sees its fields: a plain Bedrock
+    // client gets Bedrock's answer, byte for byte.
+    let object = |h: &HandOut| match lease {
+        LeaseTerm::UntilReported => h.bedrock_json(),
+        LeaseTerm::Millis(_) => h.leased_json(),
+    };
     let body = if many {
-        let jobs: Vec<Value> = handouts
-            .iter()
-            .map(|h| Value::Object(h.bedrock_json()))
-            .collect();
+        let jobs: Vec<Value> = handouts.iter().map(|h| Value::Object(object(h))).collect();
         json!({"jobs": jobs})
     } else {
-        Value::Object(handouts[0].bedrock_json())
+        Value::Object(object(&handouts[0]))
     };
     Ok(Answer {
         status_line: "200 OK".into(),
         body: body.to_string(),
         handouts,
     })
+}
+
+/// The lease a GetJob(s) asks for: `leaseMs` milliseconds (within the HTTP
+/// dequeue's bounds), or none, as Bedrock hands out.
+fn lease_term(params: &Params<'_>) -> Result<LeaseTerm, JobError> {
+    use crate::server::http::{MAX_LEASE_MS, MIN_LEASE_MS};
+    match params.text("leaseMs") {
+        None => Ok(LeaseTerm::UntilReported),
+        Some(ms) => match ms.trim().parse::<u64>() {
+            Ok(ms) if (MIN_LEASE_MS..=MAX_LEASE_MS).contains(&ms) => {
+                Ok(LeaseTerm::Millis(ms as i64))
+            }
+            _ => Err(JobError::Malformed("leaseMs")),
+        },
+    }
 }

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub use error::ApiError;
+pub use requests::{MAX_LEASE_MS, MIN_LEASE_MS};
 
 use crate::server::queue::Queue;
 

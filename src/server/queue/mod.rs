@@ -7,6 +7,7 @@ mod clock;
 pub mod reports;
 mod rules;
 mod scheduler;
+mod sweeper;
 mod tracked;
 mod waiters;
 
@@ -42,6 +43,9 @@ pub struct QueueConfig {
     pub max_lapses: i64,
     /// What the ledger keeps, and for how long.
     pub retention: Retention,
+    /// Queue again RUNNING jobs held without a lease (by plain Bedrock
+    /// clients) this long after their hand-out; `None`: never (the default).
+    pub requeue_unleased_after: Option<Duration>,
 }
 
 impl Default for QueueConfig {
@@ -50,6 +54,7 @@ impl Default for QueueConfig {
             default_lease_ms: 5 * 60 * 1000,
             max_lapses: 10,
             retention: Retention::default(),
+            requeue_unleased_after: None,
         }
     }
 }
@@ -145,6 +150,9 @@ impl Queue {
         };
         tokio::spawn(scheduler::run(queue.clone()));
         tokio::spawn(reports::purge_periodically(queue.clone()));
+        if let Some(age) = config.requeue_unleased_after {
+            tokio::spawn(sweeper::run(queue.clone(), age));
+        }
         queue
     }
 

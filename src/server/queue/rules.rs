@@ -639,18 +639,48 @@ pub fn expire_leases(
 ) -> Result<(Vec<JobId>, Vec<JobId>), JobError> {
     let now = tx.now;
     let expired = tx.store().expired_leases(now, 1000)?;
+    lapse_all(tx, expired, max_lapses, "lease lapsed")
+}
+
+/// Puts back running jobs handed out without a lease (to plain Bedrock
+/// clients) at or before `handed_out_by`, counting a lapse as a lapsed lease
+/// does, so that `max_lapses` still fails a job that kills its workers.
+/// Returns the ids put back and failed.
+pub fn requeue_unleased(
+    tx: &mut Tracked,
+    handed_out_by: Timestamp,
+    max_lapses: i64,
+) -> Result<(Vec<JobId>, Vec<JobId>), JobError> {
+    let stale = tx.store().unleased_running(handed_out_by, 1000)?;
+    lapse_all(
+        tx,
+        stale,
+        max_lapses,
+        "held without a lease for longer than --requeue-unleased-after",
+    )
+}
+
+/// Counts a lapse on each job and queues it again now, or FAILs it at
+/// `max_lapses`; `why` goes in the log line of each.
+fn lapse_all(
+    tx: &mut Tracked,
+    jobs: Vec<Job>,
+    max_lapses: i64,
+    why: &str,
+) -> Result<(Vec<JobId>, Vec<JobId>), JobError> {
+    let now = tx.now;
     let (mut requeued, mut failed) = (Vec::new(), Vec::new());
-    for mut job in expired {
+    for mut job in jobs {
         job.lapses += 1;
         job.lease = None;
         if job.lapses >= max_lapses {
             job.state = JobState::Failed;
-            tracing::warn!(job_id = job.id, job_name = %job.name, lapses = job.lapses, "lease lapsed too many times; job FAILED");
+            tracing::warn!(job_id = job.id, job_name = %job.name, lapses = job.lapses, "{why}; lapsed too many times, job FAILED");
             failed.push(job.id);
         } else {
             job.state = JobState::Queued;
             job.next_run = now;
-            tracing::warn!(job_id = job.id, job_name = %job.name, lapses = job.lapses, "lease lapsed; job queued again");
+            tracing::warn!(job_id = job.id, job_name = %job.name, lapses = job.lapses, "{why}; job queued again");
             requeued.push(job.id);
         }
         tx.update(&job)?;

@@ -65,6 +65,14 @@ pub trait StoreTx {
     fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError>;
     /// Up to `limit` running jobs whose lease expired at or before `now`.
     fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError>;
+    /// Up to `limit` running jobs without a lease that lapses (handed out to
+    /// a plain Bedrock client) that were last handed out at or before
+    /// `handed_out_by`, earliest first.
+    fn unleased_running(
+        &mut self,
+        handed_out_by: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobError>;
     /// Names and priorities of up to `limit` jobs that became due in
     /// `(after, upto]`.
     fn due_between(

@@ -345,6 +345,9 @@ impl StoreTx for FailingTx {
     fn expired_leases(&mut self, _: Timestamp, _: usize) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())
     }
+    fn unleased_running(&mut self, _: Timestamp, _: usize) -> Result<Vec<Job>, JobError> {
+        Err(self.0.clone())
+    }
     fn due_between(
         &mut self,
         _: Timestamp,
@@ -579,6 +582,20 @@ impl StoreTx for SqliteTx<'_> {
                  AND lease_expires <= ?1 ORDER BY lease_expires LIMIT ?2"
             ),
             params![now.0, limit as i64],
+        )
+    }
+
+    fn unleased_running(
+        &mut self,
+        handed_out_by: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobError> {
+        self.query_jobs(
+            &format!(
+                "SELECT {COLUMNS} FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NULL \
+                 AND last_run IS NOT NULL AND last_run <= ?1 ORDER BY last_run LIMIT ?2"
+            ),
+            params![handed_out_by.0, limit as i64],
         )
     }
 
