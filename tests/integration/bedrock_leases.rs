@@ -424,3 +424,132 @@ fn a_source_learns_that_a_server_without_heartbeat_gives_no_leases() {
     let source = BedrockSource::new(&server.bedrock).expect("address");
     assert_eq!(runtime.block_on(source.probe_leases()), Some(true));
 }
+
+/// A stand-in for a real Bedrock, which gives no leases: `Heartbeat` is
+/// unknown (`430`), the first GetJobs hands out job 7 (without a lease),
+/// later ones find nothing, and reports succeed. Records every request's
+/// head; stops serving when dropped.
+struct LeaselessBedrock {
+    addr: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LeaselessBedrock {
+    fn start() -> LeaselessBedrock {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen2, stop2) = (Arc::clone(&seen), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (seen, stop) = (Arc::clone(&seen2), Arc::clone(&stop2));
+                        std::thread::spawn(move || serve_leaseless(stream, &seen, &stop));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        LeaselessBedrock { addr, seen, stop }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().expect("seen").clone()
+    }
+}
+
+impl Drop for LeaselessBedrock {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn serve_leaseless(
+    mut stream: std::net::TcpStream,
+    seen: &std::sync::Mutex<Vec<String>>,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match stream.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return,
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf.drain(..end + 4);
+        let method = head.lines().next().unwrap_or_default().to_string();
+        let first_get = {
+            let mut seen = seen.lock().expect("seen");
+            seen.push(head);
+            method == "GetJobs" && seen.iter().filter(|h| h.starts_with("GetJobs")).count() == 1
+        };
+        let answer = match method.as_str() {
+            "GetJobs" if first_get => {
+                let body = r#"{"jobs":[{"jobID":7,"name":"plain","data":{}}]}"#;
+                format!("200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+            }
+            "GetJobs" => "404 No job found\r\nContent-Length: 0\r\n\r\n".to_string(),
+            "FinishJob" | "RetryJob" | "FailJob" | "UpdateJob" => {
+                "200 OK\r\nContent-Length: 0\r\n\r\n".to_string()
+            }
+            _ => "430 Unrecognized command\r\nContent-Length: 0\r\n\r\n".to_string(),
+        };
+        if stream.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_bedrock_supervisor_warns_once_that_a_real_bedrock_gives_no_leases() {
+    let bedrock = LeaselessBedrock::start();
+    let sup = Supervisor::builder(&format!("bedrock://{}", bedrock.addr))
+        .worker("plain", "#!/bin/sh\ncat > /dev/null\n")
+        .start();
+    let finish = poll("the job to be finished on the leaseless server", || {
+        bedrock
+            .seen()
+            .into_iter()
+            .find(|h| h.starts_with("FinishJob"))
+    });
+    assert!(finish.contains("jobID: 7"), "{finish}");
+    assert!(
+        !finish.to_ascii_lowercase().contains("lease:"),
+        "no lease to show: {finish}"
+    );
+    poll(
+        "the supervisor to ask whether the server gives leases",
+        || {
+            bedrock
+                .seen()
+                .iter()
+                .any(|h| h.starts_with("Heartbeat"))
+                .then_some(())
+        },
+    );
+    let stderr = poll("the warning", || {
+        let stderr = sup.stderr();
+        stderr.contains("gives no leases").then_some(stderr)
+    });
+    assert_eq!(
+        stderr.matches("gives no leases").count(),
+        1,
+        "one warning, though both the probe and the hand-out told it:\n{stderr}"
+    );
+}
