@@ -172,9 +172,6 @@ fn a_late_report_from_a_lapsed_bedrock_lease_is_refused() {
     assert!(old.lease.is_some(), "a lease is given: {:?}", old.handout);
     assert_eq!(old.lease_term, Some(lapsing), "{:?}", old.handout);
     assert_eq!(source.gives_leases(), Some(true));
-    runtime
-        .block_on(source.heartbeat(&old))
-        .expect("the holder renews its lease");
 
     wait_lapsed(&api, &server, id, 1);
     let jobs = runtime
