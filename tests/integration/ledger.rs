@@ -719,7 +719,8 @@ fn the_server_purges_on_its_own_schedule() {
         server.stderr()
     );
     // A purge interval under a second is refused at start.
-    let output = std::process::Command::new(bin())
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = jobmgr_in(dir.path())
         .args([
             "server",
             "--purge-every",
@@ -729,8 +730,7 @@ fn the_server_purges_on_its_own_schedule() {
             "--bedrock",
             "none",
         ])
-        .output()
-        .unwrap();
+        .run_bounded("jobmgr server --purge-every 10ms to be refused");
     assert_eq!(
         output.status.code(),
         Some(2),
