@@ -436,12 +436,18 @@ echo ok > "$o/done.tmp" && mv "$o/done.tmp" "$o/done""#
         "",
         "scratch dir not fresh"
     );
-    assert!(
-        !Path::new(&cwd).exists(),
-        "scratch dir {cwd} outlived its job"
+    // Removed when the job ends, which may come just after its report.
+    wait_for(
+        &format!("the scratch dir {cwd} to be removed"),
+        &sup,
+        || {
+            let left: Vec<_> = std::fs::read_dir(&scratch)
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
+            (!Path::new(&cwd).exists() && left.is_empty()).then_some(())
+        },
     );
-    let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
-    assert!(left.is_empty(), "left in the scratch dir: {left:?}");
 }
 
 // ---------------------------------------------------------------------------
