@@ -92,3 +92,60 @@ fn a_test_whose_supervisor_died_early_fails_at_once_instead_of_hanging() {
         "its stderr is shown: {message}"
     );
 }
+
+/// Every line of the tests' sources with `needle` on it: its file, line
+/// number, and what follows the needle. Give `needle` in parts, which are
+/// joined, so that the scan does not find its own call.
+fn in_the_tests(needle: &[&str]) -> Vec<(String, usize, String)> {
+    fn walk(dir: &std::path::Path, needle: &str, found: &mut Vec<(String, usize, String)>) {
+        for entry in std::fs::read_dir(dir).expect("tests directory") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                walk(&path, needle, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("test source");
+                for (n, line) in text.lines().enumerate() {
+                    if let Some((_, rest)) = line.split_once(needle) {
+                        found.push((path.display().to_string(), n + 1, rest.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    walk(&tests, &needle.concat(), &mut found);
+    found
+}
+
+/// A pid read from a pidfile (or `/proc`, or a report) may belong to
+/// another test's process by the time it is signalled: the tests signal
+/// only children they hold an unreaped handle for (`child.id()`, or a
+/// fixture's `self.pid()`, which reads its handle).
+#[test]
+fn no_test_signals_a_pid_it_read_from_a_file() {
+    let found = in_the_tests(&["Pid::", "from_raw("]);
+    assert!(
+        !found.is_empty(),
+        "the scan found the fixtures' own signals"
+    );
+    let strays: Vec<_> = found
+        .iter()
+        .filter(|(_, _, rest)| !(rest.starts_with("child.id()") || rest.starts_with("self.pid()")))
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "signals to pids that are not a held child's: {strays:?}"
+    );
+}
+
+/// `Command::output`, `Child::wait` and `wait_with_output` wait for ever:
+/// a child that does not end hangs the suite. Tests use `run_bounded`,
+/// `wait_child` and `kill_and_reap`, which have deadlines.
+#[test]
+fn no_test_waits_on_a_child_without_a_deadline() {
+    let mut found = in_the_tests(&[".out", "put()"]);
+    found.extend(in_the_tests(&[".wa", "it()"]));
+    found.extend(in_the_tests(&["wait_with", "_output("]));
+    assert!(found.is_empty(), "unbounded waits: {found:?}");
+}

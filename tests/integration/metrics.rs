@@ -47,7 +47,7 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
         .arg("--output-cap")
         .arg("1KiB")
         .arg("--lease")
-        .arg("600ms")
+        .arg("2s")
         .arg("--config")
         .arg(&{
             let config = server.db.with_extension("metrics.toml");

@@ -56,12 +56,12 @@ impl RunBounded for Command {
                 kill_group(&child);
                 let reaped = kill_and_reap(&mut child, what);
                 panic!(
-                    "timed out after {deadline:?} waiting for {what} (pid {}); killed it ({}).\n\
+                    "timed out after {deadline:?} waiting for {what} (pid {}); killed it: {}.\n\
                      stdout:\n{}\nstderr:\n{}",
                     child.id(),
                     match reaped {
-                        Some(status) => format!("then {status}"),
-                        None => "it was not reaped".to_string(),
+                        Some(status) => format!("it ended with {status}"),
+                        None => "it could not be reaped".to_string(),
                     },
                     String::from_utf8_lossy(&stdout.so_far()),
                     String::from_utf8_lossy(&stderr.so_far()),
