@@ -149,3 +149,36 @@ fn no_test_waits_on_a_child_without_a_deadline() {
     found.extend(in_the_tests(&["wait_with", "_output("]));
     assert!(found.is_empty(), "unbounded waits: {found:?}");
 }
+
+/// A start that should have been refused but was not must not write to a
+/// state directory every test shares (`/var/lib/jobmgr` as root): a
+/// command from `jobmgr_in` keeps its default spool, status file and
+/// scratch directory in the test's own directory.
+#[test]
+fn a_supervisor_started_without_paths_keeps_its_files_in_the_tests_own_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let workers = dir.path().join("workers");
+    std::fs::create_dir(&workers).unwrap();
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let child = jobmgr_in(dir.path())
+        .arg("--config")
+        .arg(&empty)
+        .args(["--server", "http://127.0.0.1:9", "--user", "self"])
+        .arg("--worker-path")
+        .arg(&workers)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn jobmgr");
+    let mut sup = ChildGuard::new(child, "a supervisor with default paths");
+    let ready = ready_line(sup.child()).expect("the supervisor's ready line");
+    assert!(ready.contains("ready"), "{ready}");
+    for own in ["spool", "status.json"] {
+        poll(&format!("its {own} in the test's directory"), || {
+            dir.path().join(own).exists().then_some(())
+        });
+    }
+    sup.stop();
+}
