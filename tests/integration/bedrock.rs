@@ -892,7 +892,7 @@ fn token_is_required_beyond_loopback_but_not_on_it() {
     // Listening on all interfaces, the port asks for the server's token.
     // (Started by hand: the shared harness always binds 127.0.0.1.)
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(bin())
+    let child = std::process::Command::new(bin())
         .args(["server", "--db"])
         .arg(dir.path().join("jobs.db"))
         .args(["--http", "127.0.0.1:0", "--bedrock", "0.0.0.0:0"])
@@ -902,20 +902,9 @@ fn token_is_required_beyond_loopback_but_not_on_it() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn jobmgr server");
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut ready,
-    )
-    .expect("ready line");
-    let _server = KillOnDrop(child);
+    let mut server = ChildGuard::new(child, "the server on 0.0.0.0");
+    let ready = ready_line(server.child())
+        .unwrap_or_else(|e| panic!("no ready line from the server on 0.0.0.0: {e}"));
     let field = |key: &str| {
         ready
             .split_whitespace()

@@ -96,15 +96,17 @@ fn spawn_ready(mut command: Command, stderr: &Path) -> Result<(Child, String), S
     match ready_line(&mut child) {
         Ok(line) => Ok((child, line)),
         Err(mpsc::RecvTimeoutError::Disconnected) => {
-            let status = wait_child(&mut child, DEADLINE);
+            // Its stdout closed: it is exiting, or (if not by the deadline)
+            // killed here, so that nothing is left running.
+            let status = wait_child(&mut child, DEADLINE)
+                .or_else(|| kill_and_reap(&mut child, "a jobmgr that closed its stdout"));
             Err(format!(
                 "exited ({status:?}) before its ready line; stderr ends:\n{}",
                 tail(stderr)
             ))
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, "a jobmgr that did not become ready");
             panic!(
                 "jobmgr did not become ready in {DEADLINE:?}; stderr ends:\n{}",
                 tail(stderr)
@@ -127,8 +129,7 @@ fn tail(path: &Path) -> String {
 
 /// `kill -9` a child of ours and reap it.
 fn kill9(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+    kill_and_reap(child, "a jobmgr of the soak");
 }
 
 /// SIGTERM a child of ours and wait for it to exit.

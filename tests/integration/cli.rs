@@ -17,8 +17,7 @@ fn cli_at(url: &str, args: &[&str]) -> (i32, String, String) {
         .arg(url)
         .args(args)
         .env_remove("JOBMGR_TOKEN")
-        .output()
-        .expect("run jobmgr job");
+        .run_bounded(&format!("jobmgr job --server {url} {}", args.join(" ")));
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),

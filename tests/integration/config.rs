@@ -21,8 +21,7 @@ fn check_config(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
     }
     let output = command
         .envs(envs.iter().copied())
-        .output()
-        .expect("run jobmgr check-config");
+        .run_bounded(&format!("jobmgr check-config {}", args.join(" ")));
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),

@@ -260,16 +260,23 @@ fn output_held_open_by_an_escaped_process_is_kept_and_the_job_reported() {
     let api = server.api();
     let builder = Supervisor::builder(&server.url);
     let pidfile = builder.path().join("escaped.pid");
+    // The escaped process is not the test's child, so the test never
+    // signals it: it ends by itself once this file exists (or after 30 s).
+    let stop = builder.path().join("escaped.stop");
     let sup = builder
         .worker(
             "Escape",
-            "#!/bin/sh\ncat > /dev/null\nsetsid sleep 30 &\np=$!\necho $p > \"$PIDFILE\"\n\
+            "#!/bin/sh\ncat > /dev/null\n\
+             setsid sh -c 'i=0; while [ ! -e \"$1\" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done' escaped \"$STOP\" &\n\
+             p=$!\necho $p > \"$PIDFILE\"\n\
              # Wait until it has left the worker's session.\n\
              while [ \"$(ps -o sid= -p $p | tr -d ' ')\" != \"$p\" ]; do sleep 0.05; done\n\
              echo '{\"a\":1}'\n",
         )
         .arg("--env")
         .arg(&format!("PIDFILE={}", pidfile.display()))
+        .arg("--env")
+        .arg(&format!("STOP={}", stop.display()))
         .start();
     let id = api.create(json!({"name": "Escape", "repeat": "FINISHED, +1 HOUR"}));
     let job = poll("the job to be reported", || {
@@ -294,21 +301,14 @@ fn output_held_open_by_an_escaped_process_is_kept_and_the_job_reported() {
     } else {
         // With cgroups it dies with its job, though it left the session.
         poll("the escaped process to be killed with its job", || {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().next());
-            (stat.is_empty() || state == Some("Z")).then_some(())
+            (!alive_with(pid, &stop.to_string_lossy())).then_some(())
         });
     }
-    // Clean up what this test started.
-    if let Some(pid) = std::fs::read_to_string(&pidfile)
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-    {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-    }
+    // Clean up what this test started, without a signal: tell it to end.
+    std::fs::write(&stop, "").unwrap();
+    poll("the escaped process to end by itself", || {
+        (!alive_with(pid, &stop.to_string_lossy())).then_some(())
+    });
 }
 
 #[test]
@@ -317,15 +317,14 @@ fn a_scratch_directory_others_can_write_is_refused() {
     let scratch = dir.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let output = std::process::Command::new(bin())
+    let output = jobmgr_in(dir.path())
         .args(["--server", "http://127.0.0.1:9", "--worker-path"])
         .arg(dir.path())
         .arg("--scratch-dir")
         .arg(&scratch)
         .arg("--spool-dir")
         .arg(dir.path().join("spool"))
-        .output()
-        .expect("run jobmgr");
+        .run_bounded("a supervisor with a world-writable scratch directory to be refused");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("writable by other users"), "{stderr}");
@@ -339,12 +338,11 @@ fn unusable_poll_wait_and_lease_settings_are_refused() {
         ("--poll-wait", "2h", "poll-wait must be between"),
         ("--lease", "2d", "lease must be between"),
     ] {
-        let output = std::process::Command::new(bin())
+        let output = jobmgr_in(dir.path())
             .args(["--server", "http://127.0.0.1:9", "--worker-path"])
             .arg(dir.path())
             .args([flag, value])
-            .output()
-            .expect("run jobmgr");
+            .run_bounded(&format!("a supervisor with {flag} {value} to be refused"));
         assert_eq!(output.status.code(), Some(2), "{flag} {value}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(message), "{flag} {value}: {stderr}");

@@ -3,7 +3,6 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
@@ -904,40 +903,16 @@ fn a_token_is_required_when_configured() {
 #[test]
 fn listening_beyond_loopback_needs_a_token() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut child = Command::new(bin())
+    let output = jobmgr_in(dir.path())
         .arg("server")
         .arg("--db")
         .arg(dir.path().join("jobs.db"))
         .arg("--http")
         .arg("0.0.0.0:0")
-        .env_remove("JOBMGR_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn jobmgr server");
-    let status = match wait_child(&mut child, DEADLINE) {
-        Some(status) => status,
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("jobmgr server --http 0.0.0.0:0 without a token kept running");
-        }
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut stdout)
-        .expect("read stdout");
+        .run_bounded("jobmgr server --http 0.0.0.0:0 without a token to refuse to start");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let status = output.status;
     assert!(!status.success(), "exit status {status}");
     assert!(stderr.contains("--token"), "stderr: {stderr}");
     assert!(!stdout.contains("ready"), "it said it was ready: {stdout}");

@@ -180,14 +180,16 @@ fn heartbeats_renew_the_lease() {
     let server = Server::start();
     let api = server.api();
     let id = api.create(json!({"name": "lease-beat"}));
-    let handed = api.dequeue(json!({"name": "lease-beat", "leaseMs": 1000}));
+    // A lease twenty beats long, so that a busy machine stalling the test
+    // for a moment does not lapse it; the beats go on past its first term.
+    let handed = api.dequeue(json!({"name": "lease-beat", "leaseMs": 2000}));
     let token = handed[0]["lease"].clone();
     let original = ms(&handed[0]["leaseExpires"]);
     let started = std::time::Instant::now();
 
     let mut last = original;
     let mut beats = 0;
-    while started.elapsed() < std::time::Duration::from_secs(3) {
+    while started.elapsed() < std::time::Duration::from_secs(4) {
         // Pacing of the heartbeats, not a wait for anything.
         std::thread::sleep(std::time::Duration::from_millis(100));
         let (status, answer) = api.post(&format!("/jobs/{id}/heartbeat"), json!({"lease": token}));

@@ -134,12 +134,16 @@ fn sighup_applies_a_changed_config_to_the_next_job_without_dropping_the_running_
 fn a_bad_config_file_stops_the_start_with_the_file_line_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.toml");
-    std::fs::write(&config, "worker-path = \"/tmp\"\nmax-lod = 3\n").unwrap();
-    let output = std::process::Command::new(bin())
+    let workers = dir.path().display();
+    std::fs::write(
+        &config,
+        format!("worker-path = \"{workers}\"\nmax-lod = 3\n"),
+    )
+    .unwrap();
+    let output = jobmgr_in(dir.path())
         .arg("--config")
         .arg(&config)
-        .output()
-        .expect("run jobmgr");
+        .run_bounded("jobmgr with a bad config file to refuse to start");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -213,10 +217,14 @@ fn metrics_show_the_gate_and_the_jobs() {
     poll("both jobs to be reported", || {
         (api.state(ok).is_none() && api.state(bad).as_deref() == Some("FAILED")).then_some(())
     });
-    let text = poll("the counters to show", || {
-        let text = scrape(&addr);
-        (sample(&text, "jobmgr_jobs_failed_total", &["worker=\"Fail\""]) == Some(1.0))
-            .then_some(text)
+    // Each counter is updated on its own after the report: wait for a
+    // scrape that shows them all.
+    let text = scrape_until(&addr, "the counters to show", |text| {
+        sample(text, "jobmgr_jobs_failed_total", &["worker=\"Fail\""]) == Some(1.0)
+            && sample(text, "jobmgr_jobs_finished_total", &["worker=\"Echo\""]) == Some(1.0)
+            && sample(text, "jobmgr_jobs_started_total", &["worker=\"Echo\""]) == Some(1.0)
+            && sample(text, "jobmgr_job_run_seconds_count", &["worker=\"Echo\""]).is_some()
+            && sample(text, "jobmgr_gate_state", &["state=\"open\""]) == Some(1.0)
     });
     assert_eq!(
         sample(&text, "jobmgr_jobs_finished_total", &["worker=\"Echo\""]),
@@ -242,12 +250,10 @@ fn metrics_show_the_gate_and_the_jobs() {
     // between the updates of two gauges, so wait for a scrape after all of
     // them.
     sup.set_load(9.0);
-    let text = poll("the gate to show as closed by load", || {
-        let text = scrape(&addr);
-        (sample(&text, "jobmgr_gate_state", &["state=\"load\""]) == Some(1.0)
-            && sample(&text, "jobmgr_gate_state", &["state=\"open\""]) == Some(0.0)
-            && sample(&text, "jobmgr_load1", &[]) == Some(9.0))
-        .then_some(text)
+    let text = scrape_until(&addr, "the gate to show as closed by load", |text| {
+        sample(text, "jobmgr_gate_state", &["state=\"load\""]) == Some(1.0)
+            && sample(text, "jobmgr_gate_state", &["state=\"open\""]) == Some(0.0)
+            && sample(text, "jobmgr_load1", &[]) == Some(9.0)
     });
     assert_eq!(sample(&text, "jobmgr_load1", &[]), Some(9.0), "{text}");
     assert_eq!(
@@ -326,16 +332,16 @@ fn job_tables_set_timeout_retries_env_and_concurrency_by_name() {
 fn a_bad_job_table_is_refused_with_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.toml");
+    let workers = dir.path().display();
     std::fs::write(
         &config,
-        "worker-path = \"/tmp\"\n\n[[job]]\nname = \"x*\"\nmax-concurrency = 0\n",
+        format!("worker-path = \"{workers}\"\n\n[[job]]\nname = \"x*\"\nmax-concurrency = 0\n"),
     )
     .unwrap();
-    let output = std::process::Command::new(bin())
+    let output = jobmgr_in(dir.path())
         .arg("--config")
         .arg(&config)
-        .output()
-        .expect("run jobmgr");
+        .run_bounded("jobmgr with a bad job table to refuse to start");
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -344,14 +350,14 @@ fn a_bad_job_table_is_refused_with_its_name() {
     );
     std::fs::write(
         &config,
-        "worker-path = \"/tmp\"\n\n[[job]]\nname = \"x*\"\ntimout = \"1s\"\n",
+        format!("worker-path = \"{workers}\"\n\n[[job]]\nname = \"x*\"\ntimout = \"1s\"\n"),
     )
     .unwrap();
-    let output = std::process::Command::new(bin())
+    let output = jobmgr_in(dir.path())
         .arg("--config")
         .arg(&config)
-        .output()
-        .expect("run jobmgr");
+        .run_bounded("jobmgr with a misspelt job table key to refuse to start");
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("timout") && stderr.contains("line"),
@@ -362,12 +368,18 @@ fn a_bad_job_table_is_refused_with_its_name() {
 #[test]
 fn a_second_supervisor_on_the_same_spool_is_refused() {
     let server = Server::start();
-    let first = Supervisor::builder(&server.url)
+    let mut first = Supervisor::builder(&server.url)
         .worker("Echo", ECHO_DATA)
         .start();
+    // Only a live first supervisor holding its spool makes the second one
+    // a second: otherwise it would start, and this would test nothing.
+    poll("the first supervisor to hold its spool's lock", || {
+        first.assert_running("the first supervisor must hold the spool");
+        spool_is_locked(&first.spool()).then_some(())
+    });
     let empty = first.dir.path().join("second.toml");
     std::fs::write(&empty, "").unwrap();
-    let output = std::process::Command::new(bin())
+    let output = jobmgr_in(first.dir.path())
         .arg("--config")
         .arg(&empty)
         .args(["--server", &server.url, "--worker-path"])
@@ -379,16 +391,24 @@ fn a_second_supervisor_on_the_same_spool_is_refused() {
         .arg("--status-file")
         .arg(first.dir.path().join("status2.json"))
         .args(["--user", "self"])
-        .env_remove("JOBMGR_SPOOL_DIR")
-        .output()
-        .expect("run a second supervisor");
-    assert_eq!(output.status.code(), Some(2));
+        .run_bounded("a second supervisor on the same spool to be refused");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("in use by another supervisor") && stderr.contains("--spool-dir"),
         "{stderr}"
     );
-    // The first one is unharmed: it still runs jobs.
+    // The first one is unharmed: it still holds the spool and runs jobs.
+    first.assert_running("the first supervisor must outlive the refusal");
+    assert!(
+        spool_is_locked(&first.spool()),
+        "the first supervisor let its spool go"
+    );
     let api = server.api();
     let id = api.create(json!({"name": "Echo", "repeat": "FINISHED, +1 HOUR"}));
     poll("the first supervisor to run a job", || {

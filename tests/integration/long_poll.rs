@@ -228,7 +228,9 @@ fn a_lapsed_lease_wakes_a_waiting_dequeue() {
     let server = Server::start();
     let api = server.api();
     let id = api.create(json!({"name": "lp-lapse"}));
-    let first = api.dequeue(json!({"name": "lp-lapse", "leaseMs": 2000}))[0].clone();
+    // Long enough for the waiter to be seen waiting first, even on a busy
+    // machine.
+    let first = api.dequeue(json!({"name": "lp-lapse", "leaseMs": 5000}))[0].clone();
 
     let held = dequeue_in_thread(
         &api,

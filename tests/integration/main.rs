@@ -13,6 +13,7 @@ mod commands;
 mod config;
 mod crash;
 mod edges;
+mod harness;
 mod hostile;
 mod hostile_workers;
 mod leases;

@@ -5,22 +5,6 @@ use serde_json::json;
 
 use crate::common::*;
 
-/// Polls the endpoint at `addr` until `ready` holds for its text; fails
-/// with the last text seen.
-fn scrape_until(addr: &str, what: &str, ready: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + DEADLINE;
-    loop {
-        let text = scrape(addr);
-        if ready(&text) {
-            return text;
-        }
-        if std::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}; last scrape:\n{text}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
     let server = Server::builder()
@@ -63,7 +47,7 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
         .arg("--output-cap")
         .arg("1KiB")
         .arg("--lease")
-        .arg("600ms")
+        .arg("2s")
         .arg("--config")
         .arg(&{
             let config = server.db.with_extension("metrics.toml");
@@ -83,6 +67,12 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
     let text = scrape_until(&addr, "a held worker with a renewed lease", |text| {
         sample(text, "jobmgr_workers_running", &["pool=\"main\""]) == Some(1.0)
             && sample(text, "jobmgr_lease_renewals_total", &["result=\"ok\""]).unwrap_or(0.0) >= 1.0
+            && sample(text, "jobmgr_load1", &[]).is_some()
+            && sample(
+                text,
+                "jobmgr_gate_state",
+                &["pool=\"main\"", "state=\"open\""],
+            ) == Some(1.0)
     });
     assert!(sample(&text, "jobmgr_load1", &[]).is_some(), "{text}");
     assert_eq!(
@@ -94,7 +84,18 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
         Some(1.0),
         "{text}"
     );
-    let served = scrape(&server.metrics);
+    let served = scrape_until(
+        &server.metrics,
+        "the server to count the held job",
+        |text| {
+            sample(
+                text,
+                "jobmgr_server_jobs_by_name",
+                &["name=\"Hold\"", "state=\"RUNNING\""],
+            ) == Some(1.0)
+                && sample(text, "jobmgr_server_jobs", &["state=\"RUNNING\""]) == Some(1.0)
+        },
+    );
     assert_eq!(
         sample(
             &served,
@@ -117,26 +118,43 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
     for name in ["Echo", "Fail", "Later", "Stubborn", "Loud"] {
         api.create(json!({ "name": name }));
     }
-    let text = scrape_until(&addr, "every outcome counted", |text| {
-        sample(
-            text,
-            "jobmgr_jobs_timed_out_total",
-            &["worker=\"Stubborn\""],
-        ) == Some(1.0)
-            && sample(text, "jobmgr_jobs_retried_total", &["worker=\"Later\""]) == Some(1.0)
-            && sample(text, "jobmgr_jobs_finished_total", &["worker=\"Later\""]) == Some(1.0)
-            && sample(text, "jobmgr_jobs_finished_total", &["worker=\"Loud\""]) == Some(1.0)
-            && sample(text, "jobmgr_jobs_finished_total", &["worker=\"Echo\""]) == Some(1.0)
-            && sample(text, "jobmgr_jobs_failed_total", &["worker=\"Fail\""]) == Some(1.0)
-    });
-    for (worker, runs) in [
+    let runs = [
         ("Echo", 1.0),
         ("Fail", 1.0),
         ("Later", 2.0),
         ("Stubborn", 1.0),
         ("Loud", 1.0),
         ("Hold", 1.0),
-    ] {
+    ];
+    // A report is counted before its worker's slot is given back, and each
+    // series is updated on its own: wait for one scrape with every outcome
+    // counted and no worker left running.
+    let text = scrape_until(
+        &addr,
+        "every outcome counted and no worker running",
+        |text| {
+            sample(
+                text,
+                "jobmgr_jobs_timed_out_total",
+                &["worker=\"Stubborn\""],
+            ) == Some(1.0)
+                && sample(text, "jobmgr_jobs_retried_total", &["worker=\"Later\""]) == Some(1.0)
+                && sample(text, "jobmgr_jobs_finished_total", &["worker=\"Later\""]) == Some(1.0)
+                && sample(text, "jobmgr_jobs_finished_total", &["worker=\"Loud\""]) == Some(1.0)
+                && sample(text, "jobmgr_jobs_finished_total", &["worker=\"Echo\""]) == Some(1.0)
+                && sample(text, "jobmgr_jobs_failed_total", &["worker=\"Fail\""]) == Some(1.0)
+                && runs.iter().all(|(worker, runs)| {
+                    let label = format!("worker=\"{worker}\"");
+                    sample(text, "jobmgr_jobs_started_total", &[&label]) == Some(*runs)
+                        && sample(text, "jobmgr_job_run_seconds_count", &[&label]) == Some(*runs)
+                })
+                && sample(text, "jobmgr_kill_escalations_total", &[]) == Some(1.0)
+                && sample(text, "jobmgr_output_truncations_total", &[]).unwrap_or(0.0) >= 1.0
+                && sample(text, "jobmgr_dispatch_latency_seconds_count", &[]) == Some(7.0)
+                && sample(text, "jobmgr_workers_running", &["pool=\"main\""]) == Some(0.0)
+        },
+    );
+    for (worker, runs) in runs {
         let label = format!("worker=\"{worker}\"");
         assert_eq!(
             sample(&text, "jobmgr_jobs_started_total", &[&label]),
@@ -178,6 +196,20 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
                 "jobmgr_server_jobs_by_name",
                 &["name=\"Hold\"", "state=\"RUNNING\""],
             ) == Some(0.0)
+            && sample(text, "jobmgr_server_jobs", &["state=\"FAILED\""]) == Some(2.0)
+            && sample(
+                text,
+                "jobmgr_server_jobs_by_name",
+                &["name=\"Fail\"", "state=\"FAILED\""],
+            ) == Some(1.0)
+            && sample(text, "jobmgr_server_commit_seconds_count", &[]).unwrap_or(0.0) >= 10.0
+            && sample(
+                text,
+                "jobmgr_server_requests_total",
+                &["api=\"http\"", "method=\"POST\"", "route=\"/dequeue\""],
+            )
+            .unwrap_or(0.0)
+                >= 7.0
     });
     assert_eq!(
         sample(&served, "jobmgr_server_jobs", &["state=\"FAILED\""]),
@@ -210,7 +242,20 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
     // A Bedrock request is counted by command, garbage as "unknown".
     raw_exchange(&server.bedrock, b"QueryJob\r\njobID: 1\r\n\r\n");
     raw_exchange(&server.bedrock, b"Bogus\r\n\r\n");
-    let served = scrape(&server.metrics);
+    let served = scrape_until(&server.metrics, "both Bedrock requests counted", |text| {
+        sample(
+            text,
+            "jobmgr_server_requests_total",
+            &["api=\"bedrock\"", "method=\"queryjob\""],
+        )
+        .is_some()
+            && sample(
+                text,
+                "jobmgr_server_requests_total",
+                &["api=\"bedrock\"", "method=\"unknown\""],
+            )
+            .is_some()
+    });
     assert_eq!(
         sample(
             &served,

@@ -16,8 +16,7 @@ fn status(args: &[&str]) -> (i32, String, String) {
         .arg("status")
         .args(args)
         .env_remove("JOBMGR_STATUS_FILE")
-        .output()
-        .expect("run jobmgr status");
+        .run_bounded(&format!("jobmgr status {}", args.join(" ")));
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -87,10 +86,12 @@ fn status_shows_each_running_job_with_its_worker_pid_and_the_gate() {
 fn status_refuses_a_file_left_by_a_dead_supervisor_or_a_corrupt_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("status.json");
-    // A pid that is surely gone: a child we started and reaped.
-    let mut child = Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
+    // A pid no process can have: the kernel hands out pids below pid_max.
+    let dead: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .expect("/proc/sys/kernel/pid_max")
+        .trim()
+        .parse()
+        .expect("pid_max is a number");
     std::fs::write(
         &path,
         json!({"pid": dead, "started": 0, "updated": 0, "server": "x", "pools": []}).to_string(),
@@ -254,8 +255,7 @@ fn journal_logs_carry_syslog_priorities_and_no_timestamps_or_colours() {
     let (code, _, err) = {
         let output = Command::new(bin())
             .args(["status", "--log-format", "yaml"])
-            .output()
-            .unwrap();
+            .run_bounded("jobmgr status --log-format yaml to be refused");
         (
             output.status.code(),
             (),
@@ -271,8 +271,7 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
     for shell in ["bash", "zsh", "fish"] {
         let output = Command::new(bin())
             .args(["completions", shell])
-            .output()
-            .unwrap();
+            .run_bounded(&format!("jobmgr completions {shell}"));
         assert!(output.status.success());
         let script = String::from_utf8_lossy(&output.stdout);
         assert!(
@@ -280,7 +279,7 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
             "{shell}: {script}"
         );
     }
-    let output = Command::new(bin()).arg("man").output().unwrap();
+    let output = Command::new(bin()).arg("man").run_bounded("jobmgr man");
     assert!(output.status.success());
     let page = String::from_utf8_lossy(&output.stdout);
     assert!(

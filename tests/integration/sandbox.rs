@@ -128,7 +128,7 @@ fn a_worker_runs_as_the_configured_user_with_its_limits_and_nothing_more() {
     )
     .unwrap();
     let stderr_path = d.join("stderr");
-    let mut child = Command::new(bin())
+    let child = Command::new(bin())
         .args(["--server", &server.url, "--user", "nobody"])
         .arg("--worker-path")
         .arg(&workers)
@@ -160,6 +160,8 @@ fn a_worker_runs_as_the_configured_user_with_its_limits_and_nothing_more() {
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
+    // Killed and reaped also if the test fails before the end.
+    let mut child = ChildGuard::new(child, "the supervisor of user nobody");
     let id = api.create(json!({"name": "Inspect"}));
     let report: Value = poll("the worker's report", || {
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).ok()?).ok()
@@ -167,8 +169,11 @@ fn a_worker_runs_as_the_configured_user_with_its_limits_and_nothing_more() {
     poll("the job to finish", || {
         api.state(id).is_none().then_some(())
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    let cwd = PathBuf::from(report["cwd"].as_str().expect("cwd in the report"));
+    poll("the job's scratch directory to be removed", || {
+        (!cwd.exists()).then_some(())
+    });
+    child.stop();
     drop(inherited);
 
     let nobody = nix::unistd::User::from_name("nobody")
@@ -221,7 +226,6 @@ fn a_worker_runs_as_the_configured_user_with_its_limits_and_nothing_more() {
             "unexpected {key}: {report}"
         );
     }
-    let cwd = PathBuf::from(report["cwd"].as_str().unwrap());
     assert!(cwd.starts_with(d.join("scratch")), "{report}");
     assert_eq!(report["cwd_mode"], 0o700);
     assert_eq!(report["cwd_uid"], nobody.uid.as_raw());
@@ -234,7 +238,6 @@ fn a_worker_runs_as_the_configured_user_with_its_limits_and_nothing_more() {
             .starts_with("refused: PermissionError"),
         "{report}"
     );
-    assert!(!cwd.exists(), "the scratch directory is gone afterwards");
     let log = std::fs::read_to_string(&stderr_path).unwrap();
     assert!(
         log.contains("workers run as user nobody"),
@@ -502,9 +505,16 @@ fn private_tmp_gives_each_worker_its_own_tmp() {
     }
     let server = Server::start();
     let api = server.api();
-    let marker = format!("jobmgr-private-tmp-{}", std::process::id());
-    let outside = PathBuf::from("/tmp").join(format!("{marker}-outside"));
-    std::fs::write(&outside, "host").unwrap();
+    // This test's own directory in the host's /tmp, open to the worker's
+    // user: a worker that sees the host's /tmp finds `outside` in it and
+    // leaves `inside` there.
+    let host_tmp = tempfile::Builder::new()
+        .prefix("jobmgr-private-tmp-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(host_tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let marker = host_tmp.path().display().to_string();
+    std::fs::write(host_tmp.path().join("outside"), "host").unwrap();
     // The supervisor's files must not live under /tmp, which workers no
     // longer see.
     // A checkout under /tmp has its target directory there too: then use
@@ -521,8 +531,8 @@ fn private_tmp_gives_each_worker_its_own_tmp() {
         .worker(
             "Tmp",
             &format!(
-                "#!/bin/sh\ncat > /dev/null\necho inside > /tmp/{marker}-inside\n\
-                 if [ -e /tmp/{marker}-outside ]; then s=shared; else s=private; fi\necho \"{{\\\"tmp\\\":\\\"$s\\\"}}\"\n"
+                "#!/bin/sh\ncat > /dev/null\nmkdir -p {marker}\necho inside > {marker}/inside\n\
+                 if [ -e {marker}/outside ]; then s=shared; else s=private; fi\necho \"{{\\\"tmp\\\":\\\"$s\\\"}}\"\n"
             ),
         )
         .arg("--private-tmp")
@@ -532,12 +542,9 @@ fn private_tmp_gives_each_worker_its_own_tmp() {
         let job = api.job(id);
         job["data"]["tmp"].is_string().then_some(job)
     });
-    let _ = std::fs::remove_file(&outside);
     assert_eq!(job["data"]["tmp"], "private", "{job}");
     assert!(
-        !PathBuf::from("/tmp")
-            .join(format!("{marker}-inside"))
-            .exists(),
+        !host_tmp.path().join("inside").exists(),
         "the worker's /tmp is its own"
     );
 }

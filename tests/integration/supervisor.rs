@@ -182,8 +182,7 @@ fn spawn_ready(mut command: Command, stderr: &Path) -> (Child, String) {
     match ready_line(&mut child) {
         Ok(line) => (child, line),
         Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, "a jobmgr that did not become ready");
             panic!(
                 "jobmgr did not become ready; stderr:\n{}",
                 std::fs::read_to_string(stderr).unwrap_or_default()
@@ -246,8 +245,7 @@ impl PortServer {
 
     fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, "the server on a fixed port");
         }
     }
 }
@@ -304,8 +302,7 @@ impl RawSupervisor {
 impl Drop for RawSupervisor {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, "a supervisor started by hand");
         }
     }
 }
@@ -439,12 +436,18 @@ echo ok > "$o/done.tmp" && mv "$o/done.tmp" "$o/done""#
         "",
         "scratch dir not fresh"
     );
-    assert!(
-        !Path::new(&cwd).exists(),
-        "scratch dir {cwd} outlived its job"
+    // Removed when the job ends, which may come just after its report.
+    wait_for(
+        &format!("the scratch dir {cwd} to be removed"),
+        &sup,
+        || {
+            let left: Vec<_> = std::fs::read_dir(&scratch)
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
+            (!Path::new(&cwd).exists() && left.is_empty()).then_some(())
+        },
     );
-    let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
-    assert!(left.is_empty(), "left in the scratch dir: {left:?}");
 }
 
 // ---------------------------------------------------------------------------

@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod process;
+pub use process::*;
+
 /// The `jobmgr` binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_jobmgr")
@@ -132,8 +135,7 @@ impl Server {
         let line = match ready_line(&mut child) {
             Ok(line) => line,
             Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_and_reap(&mut child, "a server that did not become ready");
                 panic!("server did not become ready; stderr:\n{}", self.stderr());
             }
         };
@@ -169,8 +171,7 @@ impl Server {
     /// `kill -9` the server and reap it.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, "the server");
         }
     }
 
@@ -182,7 +183,14 @@ impl Server {
             nix::sys::signal::SIGTERM,
         )
         .expect("SIGTERM");
-        wait_child(&mut child, DEADLINE).expect("server exits after SIGTERM")
+        wait_child(&mut child, DEADLINE).unwrap_or_else(|| {
+            kill_and_reap(&mut child, "a server that ignored SIGTERM");
+            panic!(
+                "timed out after {DEADLINE:?} waiting for the server to exit after SIGTERM; \
+                 stderr:\n{}",
+                self.stderr()
+            )
+        })
     }
 
     /// Kills the server and starts it again on the same SQLite file. The
@@ -240,18 +248,6 @@ pub fn ready_line(child: &mut Child) -> Result<String, mpsc::RecvTimeoutError> {
         for _ in lines {}
     });
     rx.recv_timeout(DEADLINE)
-}
-
-/// Waits for a child with a deadline.
-pub fn wait_child(child: &mut Child, deadline: Duration) -> Option<std::process::ExitStatus> {
-    let start = Instant::now();
-    while start.elapsed() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
 }
 
 /// Polls `check` every 10 ms until it returns `Some`, or panics after
@@ -430,6 +426,24 @@ pub fn scrape(addr: &str) -> String {
         .expect("metrics text")
 }
 
+/// Scrapes `/metrics` at `addr` until `ready` holds for its text, within
+/// [`DEADLINE`]; fails naming `what`, with the last text seen. Every gauge
+/// and counter is updated on its own, so a test waits for one scrape that
+/// shows all it asserts.
+pub fn scrape_until(addr: &str, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let text = scrape(addr);
+        if ready(&text) {
+            return text;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {DEADLINE:?} waiting for {what}; last scrape:\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The value of the first sample of `series` whose labels include every one
 /// of `labels` (each written `key="value"`).
 pub fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
@@ -465,6 +479,23 @@ pub fn assert_peak_rss_within(pid: u32, baseline_kib: u64, allowance_mib: u64, w
     );
 }
 
+/// A `jobmgr` command that takes no `JOBMGR_*` setting from the
+/// environment the tests run in, and whose default paths (the SQLite file,
+/// the spool, the status file, the scratch directory) lie in `dir`, the
+/// test's own directory, not in a state directory shared with other tests.
+/// For starts that should be refused: if one is not, it touches nothing
+/// outside `dir`.
+pub fn jobmgr_in(dir: &Path) -> Command {
+    let mut command = Command::new(bin());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("JOBMGR_") {
+            command.env_remove(key);
+        }
+    }
+    command.env("STATE_DIRECTORY", dir);
+    command
+}
+
 /// Runs `jobmgr job …` against a server; returns (exit code, stdout, stderr).
 pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
     let mut all = vec!["job"];
@@ -480,8 +511,7 @@ pub fn client_command(server: &Server, args: &[&str]) -> (i32, String, String) {
         .arg("--server")
         .arg(&server.url)
         .env_remove("JOBMGR_TOKEN")
-        .output()
-        .expect("run jobmgr");
+        .run_bounded(&format!("jobmgr {}", args.join(" ")));
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -600,23 +630,45 @@ impl Supervisor {
             .expect("signal");
     }
 
-    /// Waits for it to exit.
+    /// Waits for it to exit (up to a minute: a drain lets jobs finish).
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");
-        wait_child(&mut child, Duration::from_secs(60)).unwrap_or_else(|| {
-            let _ = child.kill();
+        let deadline = Duration::from_secs(60);
+        wait_child(&mut child, deadline).unwrap_or_else(|| {
+            kill_and_reap(&mut child, "a supervisor that did not exit");
             panic!(
-                "supervisor did not exit; stderr:\n{}",
-                std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+                "timed out after {deadline:?} waiting for the supervisor to exit; stderr:\n{}",
+                self.stderr()
             )
         })
+    }
+
+    /// Panics, with its exit status and stderr, unless it is still running
+    /// (not exited). `what` says why the test needs it running.
+    #[track_caller]
+    pub fn assert_running(&mut self, what: &str) {
+        let child = self
+            .child
+            .as_mut()
+            .expect("started and not stopped by the test");
+        match child.try_wait() {
+            Ok(None) => {}
+            Ok(Some(status)) => {
+                // Reaped now: forget the pid, which is no longer ours.
+                self.child = None;
+                panic!(
+                    "{what}: the supervisor exited early ({status}); stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            Err(e) => panic!("{what}: cannot check the supervisor: {e}"),
+        }
     }
 
     /// `kill -9` it and reap it.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, "the supervisor");
         }
     }
 
@@ -732,8 +784,7 @@ impl SupervisorBuilder {
         let ready = match rx.recv_timeout(DEADLINE) {
             Ok(line) => line,
             Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                kill_and_reap(&mut child, "a supervisor that did not become ready");
                 panic!(
                     "supervisor did not become ready; stderr:\n{}",
                     std::fs::read_to_string(&stderr_path).unwrap_or_default()
