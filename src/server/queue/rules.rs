@@ -534,14 +534,18 @@ pub fn update(tx: &mut Tracked, cmd: &UpdateJob) -> Result<(), JobError> {
     let now = tx.now;
     let mut job = tx.existing(cmd.id)?;
     check_lease(&job, cmd.lease.as_deref())?;
-    // Progress from a holder replaces the data, but the hand-out count of a
-    // held retryAfter job is the server's bookkeeping, not the holder's.
-    let count = job.data.get(RETRY_AFTER_COUNT).cloned();
+    // Progress from a holder replaces the data, but the hand-out count and
+    // the schedule's anchor of a held retryAfter job are the server's
+    // bookkeeping, not the holder's.
+    let kept: Vec<(&str, Value)> = BOOKKEEPING_KEYS
+        .iter()
+        .filter_map(|&key| Some((key, job.data.get(key)?.clone())))
+        .collect();
     job.data = cmd.data.clone();
-    if job.state.is_held()
-        && let Some(count) = count
-    {
-        job.data.entry(RETRY_AFTER_COUNT).or_insert(count);
+    if job.state.is_held() {
+        for (key, value) in kept {
+            job.data.entry(key).or_insert(value);
+        }
     }
     if let Some(priority) = cmd.priority {
         job.priority = priority;

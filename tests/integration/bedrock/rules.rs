@@ -191,6 +191,17 @@ fn retry_after_jobs_with_a_scheduled_repeat_keep_their_schedule_in_original_next
         job["data"],
         json!({"k": 1, "retryAfterCount": 2, "originalNextRun": "2026-05-01 10:00:00"})
     );
+    // Progress (UpdateJob) from the holder replaces the data, not the
+    // server's bookkeeping.
+    conn.call(&req(
+        "UpdateJob",
+        &[("jobID", &id_text), ("data", r#"{"k":1,"step":2}"#)],
+    ))
+    .assert_empty_ok();
+    assert_eq!(
+        query(&mut conn, id)["data"],
+        json!({"k": 1, "step": 2, "retryAfterCount": 2, "originalNextRun": "2026-05-01 10:00:00"})
+    );
     // The repeat counts from it (not from 10:05:30), and the key goes with
     // the occurrence, even when the worker sends it back in new data.
     clock.set("2026-05-01 10:07:00");
