@@ -360,8 +360,8 @@ impl Connection {
                             self.buf.extend_from_slice(&chunk[..n]);
                             if self.borrow_budget().is_err() {
                                 let _ = self
-                                .write(&frame::closing_response("503 Server busy", ""))
-                                .await;
+                                    .write(&frame::closing_response("503 Server busy", ""))
+                                    .await;
                                 return After::Close;
                             }
                         }

@@ -363,9 +363,13 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         }
     }
 
-    // The schedule's anchor is the server's: it outlives new data until the
-    // repeat has used it.
-    let original_next_run = job.data.get(ORIGINAL_NEXT_RUN).cloned();
+    // A retryAfter job's schedule anchor is the server's: it outlives new
+    // data until the repeat has used it.
+    let original_next_run = if job.retry_after.is_empty() {
+        None
+    } else {
+        job.data.get(ORIGINAL_NEXT_RUN).cloned()
+    };
     let mut repeat = job.repeat.clone();
     if let Some(data) = data {
         if matches!(data.get("delete"), Some(Value::Bool(true)))
@@ -428,7 +432,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     } else {
         None
     };
-    if next.is_some() {
+    if next.is_some() && original_next_run.is_some() {
         // This occurrence is over; the next one's first hand-out anchors it.
         job.data.remove(ORIGINAL_NEXT_RUN);
     }
