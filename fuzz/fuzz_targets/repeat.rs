@@ -21,6 +21,9 @@
 //!   modifier (and it is at most 256 bytes);
 //! - the next run from any time is a whole second, or nothing when SQLite
 //!   finds no such time; it counts from the base the repeat names;
+//! - the next run is the computed one, except a `SCHEDULED` repeat
+//!   re-anchored after a missed window: then it is after now, on the
+//!   schedule's phase;
 //! - when the modifiers only shift by seconds, minutes, hours or days, and
 //!   every step stays within years 1000 to 9000, the next run is the base
 //!   to the second plus their sum: SQLite's arithmetic is exact there.
@@ -105,18 +108,38 @@ fn check(text: &str) {
     let scheduled = from;
     let started = from.plus_millis(61_000);
     let now = from.plus_millis(3_722_000);
-    let next = calendar::next_run(&repeat, scheduled, Some(started), now);
+    let computed = calendar::computed_run(&repeat, scheduled, Some(started), now);
     let counted_from = match repeat.base {
         RepeatBase::Scheduled => scheduled,
         RepeatBase::Started => started,
         RepeatBase::Finished => now,
     };
-    assert_eq!(next, calendar::apply(counted_from, &repeat.modifiers));
-    if let Some(next) = next {
-        assert_eq!(next.0.rem_euclid(1000), 0, "not a whole second: {next:?}");
+    assert_eq!(computed, calendar::apply(counted_from, &repeat.modifiers));
+    if let Some(computed) = computed {
+        assert_eq!(
+            computed.0.rem_euclid(1000),
+            0,
+            "not a whole second: {computed:?}"
+        );
     }
     if let Some(expected) = exact_sum(counted_from, &repeat.modifiers) {
-        assert_eq!(next, Some(expected), "{rest:?} from {counted_from}");
+        assert_eq!(computed, Some(expected), "{rest:?} from {counted_from}");
+    }
+    let next = calendar::next_run(&repeat, scheduled, Some(started), now);
+    if let (Some(next), Some(computed)) = (next, computed)
+        && next != computed
+    {
+        let interval = computed.0.div_euclid(1000) - scheduled.0.div_euclid(1000);
+        assert_eq!(repeat.base, RepeatBase::Scheduled, "{rest:?}");
+        assert!(
+            computed <= now && next > now,
+            "{rest:?}: {computed} to {next}"
+        );
+        assert!(0 < interval && interval < calendar::REANCHOR_BELOW_SECS);
+        let moved = next.0.div_euclid(1000) - scheduled.0.div_euclid(1000);
+        assert_eq!(moved.rem_euclid(interval), 0, "{rest:?}: off the phase");
+    } else {
+        assert_eq!(next, computed, "{rest:?}");
     }
 }
 

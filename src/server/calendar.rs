@@ -1,14 +1,21 @@
 //! Calendar arithmetic for repeats and `retryAfter`, done by SQLite's own
 //! `datetime()` on a private in-memory connection, so that every store agrees
 //! with SQLite to the second. `START OF HOUR`, which SQLite lacks, is
-//! `strftime('%Y-%m-%d %H:00:00', …)`.
+//! `strftime('%Y-%m-%d %H:00:00', …)`. A `SCHEDULED` repeat that fell
+//! behind (an outage) is re-anchored to its next slot after now, as today's
+//! Bedrock does, so that a fleet of jobs keeps its stagger.
 
 use std::cell::RefCell;
 
 use rusqlite::Connection;
 
-use crate::protocol::repeat::Period;
+use crate::protocol::repeat::{Period, Unit};
 use crate::protocol::{Modifier, Repeat, RepeatBase, Timestamp};
+
+/// A `SCHEDULED` repeat is re-anchored after a missed window only if its
+/// interval is shorter than this (4 hours): longer ones may be bound to a
+/// calendar date, and keep their computed time.
+pub const REANCHOR_BELOW_SECS: i64 = 4 * 60 * 60;
 
 thread_local! {
     static CALENDAR: RefCell<Option<Connection>> = const { RefCell::new(None) };
@@ -61,10 +68,25 @@ fn datetime(conn: &Connection, value: &str, modifiers: &[String]) -> Option<Stri
         .ok()?
 }
 
-/// The next run of a repeating job: the repeat's modifiers applied to its
-/// base, which is `scheduled` (when the run was due), `started` (when it was
-/// handed out; `now` if never) or `now` (when it finished).
+/// The next run of a repeating job: [`computed_run`], re-anchored when a
+/// `SCHEDULED` repeat has fallen behind (see [`reanchor`]).
 pub fn next_run(
+    repeat: &Repeat,
+    scheduled: Timestamp,
+    started: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let computed = computed_run(repeat, scheduled, started, now)?;
+    Some(match repeat.base {
+        RepeatBase::Scheduled => reanchor(repeat, scheduled, computed, now),
+        RepeatBase::Started | RepeatBase::Finished => computed,
+    })
+}
+
+/// The repeat's modifiers applied to its base, which is `scheduled` (when
+/// the run was due), `started` (when it was handed out; `now` if never) or
+/// `now` (when it finished), exactly as SQLite computes them.
+pub fn computed_run(
     repeat: &Repeat,
     scheduled: Timestamp,
     started: Option<Timestamp>,
@@ -76,6 +98,36 @@ pub fn next_run(
         RepeatBase::Finished => now,
     };
     apply(base, &repeat.modifiers)
+}
+
+/// Bedrock's re-anchoring of a `SCHEDULED` repeat whose `computed` next run
+/// is at or before `now`: when its interval (`computed` minus `previous`,
+/// the run it counts from) is positive and under [`REANCHOR_BELOW_SECS`],
+/// and every modifier is a fixed offset (`+N …` or `-N …`), the next run is
+/// `previous + (floor(secondsBehind / interval) + 1) × interval`, the first
+/// slot after now on the original phase. Otherwise `computed` stands, even
+/// in the past. Seconds are whole, as SQLite's `strftime('%s')` counts them.
+pub fn reanchor(
+    repeat: &Repeat,
+    previous: Timestamp,
+    computed: Timestamp,
+    now: Timestamp,
+) -> Timestamp {
+    let secs = |t: Timestamp| t.0.div_euclid(1000);
+    let interval = secs(computed) - secs(previous);
+    let fixed = repeat
+        .modifiers
+        .iter()
+        .all(|m| matches!(m, Modifier::Shift { .. }));
+    if computed > now || !fixed || interval <= 0 || interval >= REANCHOR_BELOW_SECS {
+        return computed;
+    }
+    let behind = secs(now) - secs(previous);
+    let skip = Modifier::Shift {
+        amount: (behind.div_euclid(interval) + 1) * interval,
+        unit: Unit::Second,
+    };
+    apply(previous, &[skip]).unwrap_or(computed)
 }
 
 #[cfg(test)]
@@ -136,6 +188,64 @@ mod tests {
         assert_eq!(
             next_run(&monthly, jan31, None, jan31),
             Some(t("2024-03-02 10:00:00"))
+        );
+    }
+
+    #[test]
+    fn a_scheduled_repeat_that_fell_behind_lands_on_its_next_slot_after_now() {
+        // Every 5 minutes, phase :01:30; the server was down for 47 minutes.
+        let every5 = Repeat::parse("SCHEDULED, +5 MINUTES").unwrap();
+        let previous = t("2026-03-01 10:01:30");
+        let now = t("2026-03-01 10:48:10.250");
+        assert_eq!(
+            next_run(&every5, previous, None, now),
+            Some(t("2026-03-01 10:51:30"))
+        );
+        // Exactly on a slot: the next one, never now itself.
+        assert_eq!(
+            next_run(&every5, previous, None, t("2026-03-01 10:46:30")),
+            Some(t("2026-03-01 10:51:30"))
+        );
+        // Not behind: the computed time.
+        assert_eq!(
+            next_run(&every5, previous, None, t("2026-03-01 10:03:00")),
+            Some(t("2026-03-01 10:06:30"))
+        );
+        // Several fixed offsets make one interval.
+        let mixed = Repeat::parse("SCHEDULED, +1 HOUR, -20 MINUTES").unwrap();
+        assert_eq!(
+            next_run(&mixed, previous, None, now),
+            Some(t("2026-03-01 11:21:30"))
+        );
+    }
+
+    #[test]
+    fn long_snapping_and_backward_repeats_keep_their_computed_time() {
+        let previous = t("2026-03-01 10:01:30");
+        let now = t("2026-03-03 00:00:00");
+        for (repeat, computed) in [
+            ("SCHEDULED, +4 HOURS", "2026-03-01 14:01:30"),
+            ("SCHEDULED, +14400 SECONDS", "2026-03-01 14:01:30"),
+            ("SCHEDULED, +1 DAY", "2026-03-02 10:01:30"),
+            ("SCHEDULED, +1 HOUR, START OF HOUR", "2026-03-01 11:00:00"),
+            ("SCHEDULED, +1 MINUTE, WEEKDAY 0", "2026-03-01 10:02:30"),
+            ("SCHEDULED, -5 MINUTES", "2026-03-01 09:56:30"),
+        ] {
+            let parsed = Repeat::parse(repeat).unwrap();
+            assert_eq!(
+                next_run(&parsed, previous, None, now),
+                Some(t(computed)),
+                "{repeat}"
+            );
+        }
+        // Just under 4 hours is re-anchored.
+        let under = Repeat::parse("SCHEDULED, +14399 SECONDS").unwrap();
+        assert!(next_run(&under, previous, None, now).unwrap() > now);
+        // Other bases are never re-anchored.
+        let finished = Repeat::parse("STARTED, +5 MINUTES").unwrap();
+        assert_eq!(
+            next_run(&finished, previous, Some(previous), now),
+            Some(t("2026-03-01 10:06:30"))
         );
     }
 

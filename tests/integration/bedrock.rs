@@ -8,6 +8,7 @@
 //! each test also checks that it is always there.
 
 mod fuzz;
+mod rules;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -656,6 +657,13 @@ fn create_job_errors_are_exact_lines_with_empty_bodies() {
         ),
         (
             req("CreateJobs", &[("jobs", r#"[{"name":"ok-2"},{}]"#)]),
+            "401 Invalid JSON",
+        ),
+        (
+            req(
+                "CreateJobs",
+                &[("jobs", r#"[{"name":"ok-3"},{"data":{}}]"#)],
+            ),
             "402 Missing name",
         ),
     ];

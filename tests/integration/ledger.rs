@@ -6,37 +6,7 @@
 
 use crate::common::*;
 
-use std::path::PathBuf;
-
 use serde_json::{Value, json};
-
-/// The time the server reads, written by the test.
-struct Clock {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Clock {
-    fn at(time: &str) -> Clock {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let clock = Clock {
-            path: dir.path().join("clock"),
-            _dir: dir,
-        };
-        clock.set(time);
-        clock
-    }
-
-    fn set(&self, time: &str) {
-        std::fs::write(&self.path, time).expect("clock file");
-    }
-
-    fn server(&self) -> ServerBuilder {
-        Server::builder()
-            .arg("--clock-file")
-            .arg(self.path.to_str().expect("utf-8 path"))
-    }
-}
 
 fn worker(id: &str) -> Value {
     json!({"id": id, "host": "web-1", "pid": 4242, "capacity": 2, "running": 0, "load": 0.5})

@@ -311,10 +311,24 @@ fn scheduled_repeats_count_from_the_previous_next_run() {
     let server = Server::start();
     let api = server.api();
     let runs = run_all(&api, "sched", &with_base("SCHEDULED", &MODIFIER_KINDS));
+    let secs = |text: &str| Timestamp::parse(text).expect("a time").millis() / 1000;
     for (modifier, run) in MODIFIER_KINDS.iter().zip(&runs) {
+        let computed = reference(FIRST_RUN, modifier);
+        let interval = secs(&computed) - secs(FIRST_RUN);
+        if modifier.starts_with('+') && interval < 4 * 3600 {
+            // Behind by years, a short fixed interval is re-anchored: the
+            // first slot after the finish, on the first run's phase.
+            let next = secs(run.finished["nextRun"].as_str().expect("nextRun"));
+            assert_eq!((next - secs(FIRST_RUN)) % interval, 0, "{modifier}");
+            assert!(
+                run.before < next && next <= run.after + interval,
+                "SCHEDULED, {modifier}: {} is not the first slot after the finish",
+                run.finished["nextRun"]
+            );
+            continue;
+        }
         assert_eq!(
-            run.finished["nextRun"],
-            reference(FIRST_RUN, modifier),
+            run.finished["nextRun"], computed,
             "SCHEDULED, {modifier} from {FIRST_RUN}"
         );
     }
@@ -426,15 +440,16 @@ fn canned_repeats_are_finished_plus_one_period() {
 }
 
 #[test]
-fn scheduled_repeat_in_the_past_catches_up() {
+fn scheduled_repeat_of_4_hours_or_more_in_the_past_catches_up() {
     let server = Server::start();
     let api = server.api();
+    // Shorter intervals are re-anchored instead (tests/integration/bedrock/rules.rs).
     let id = api.create(json!({
         "name": "catch-up",
-        "repeat": "SCHEDULED, +1 HOUR",
+        "repeat": "SCHEDULED, +4 HOURS",
         "firstRun": "2020-01-01 00:00:00",
     }));
-    for expected in ["2020-01-01 01:00:00", "2020-01-01 02:00:00"] {
+    for expected in ["2020-01-01 04:00:00", "2020-01-01 08:00:00"] {
         // Due at once: the next run is in the past.
         let job = api.take("catch-up");
         assert_eq!(job["jobID"], id);
@@ -541,4 +556,62 @@ fn empty_repeat_on_create_means_no_repeat() {
     let (status, answer) = api.post(&format!("/jobs/{id}/finish"), json!({}));
     assert_eq!(status, 200, "{answer}");
     assert_eq!(api.state(id), None);
+}
+
+/// Modifiers that make short intervals, so that most repeats re-anchor,
+/// with now and then one of any kind.
+fn short_modifier() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => shift("SECOND", 4),
+        3 => shift("MINUTE", 3),
+        2 => shift("HOUR", 1),
+        1 => any_modifier(),
+    ]
+}
+
+/// The reference for a `SCHEDULED` repeat's next run, the way Bedrock
+/// computes it in SQL: the modifiers applied to the previous run; then, if
+/// that is at or before now, the interval (in `strftime('%s')` seconds) is
+/// positive and under 4 hours, and every modifier starts with `+` or `-`,
+/// the previous run plus `(behind / interval + 1) × interval` seconds.
+fn sqlite_scheduled(previous: &str, now: &str, modifiers: &[String]) -> Option<String> {
+    let computed = sqlite_chain("?1", previous.to_string(), modifiers)?;
+    let number = |sql: &str, params: &[&str]| -> i64 {
+        SQLITE.with(|conn| {
+            conn.borrow()
+                .query_row(sql, rusqlite::params_from_iter(params), |row| {
+                    row.get::<_, i64>(0)
+                })
+                .unwrap_or_else(|e| panic!("SQLite refused {sql:?} with {params:?}: {e}"))
+        })
+    };
+    let seconds = |time: &str| number("SELECT CAST(strftime('%s', ?1) AS INTEGER)", &[time]);
+    let missed = number("SELECT ?1 <= ?2", &[&computed, now]) == 1;
+    let interval = seconds(&computed) - seconds(previous);
+    let fixed = modifiers.iter().all(|m| m.starts_with(['+', '-']));
+    if !(missed && fixed && 0 < interval && interval < 4 * 3600) {
+        return Some(computed);
+    }
+    let skip = ((seconds(now) - seconds(previous)) / interval + 1) * interval;
+    sqlite_datetime(previous, &[&format!("+{skip} SECONDS")])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn scheduled_next_run_is_reanchored_as_bedrock_computes_it(
+        previous_ms in (0i64..=7_258_118_400).prop_map(|s| s * 1000),
+        previous_frac in 0i64..1000,
+        behind_ms in 0i64..=3 * 86_400_000,
+        modifiers in prop::collection::vec(short_modifier(), 1..=3),
+    ) {
+        let previous = Timestamp(previous_ms + previous_frac);
+        let now = previous.plus_millis(behind_ms);
+        let repeat = jobmgr::protocol::Repeat::parse(&format!("SCHEDULED, {}", modifiers.join(", ")))
+            .expect("a repeat");
+        let ours = calendar::next_run(&repeat, previous, None, now).map(|t| t.to_string());
+        let reference = sqlite_scheduled(&previous.to_string(), &now.to_string(), &modifiers);
+        prop_assert_eq!(ours, reference, "previous {} now {} modifiers {:?}", previous, now, modifiers);
+    }
 }

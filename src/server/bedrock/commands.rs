@@ -186,9 +186,15 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
             let cmds = jobs
                 .iter()
                 .map(|job| {
+                    // An element that is not a job at all (`[{}]`, `[1]`)
+                    // makes the list invalid; a job with a bad parameter
+                    // gets that parameter's error, as CreateJob does.
                     let Value::Object(job) = job else {
                         return Err(JobError::InvalidJson);
                     };
+                    if job.is_empty() {
+                        return Err(JobError::InvalidJson);
+                    }
                     let field = |name: &str| -> Option<String> {
                         job.get(name)
                             .map(|v| match v {
@@ -253,10 +259,7 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
         "retryjob" => {
             let delay = match params.text("delay") {
                 None => 0,
-                Some(d) => d
-                    .trim()
-                    .parse::<i64>()
-                    .map_err(|_| JobError::NegativeDelay)?,
+                Some(d) => parse_delay(&d)?,
             };
             let name = params.text("name");
             if let Some(name) = &name {
@@ -312,6 +315,19 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
             ))
         }
         _ => Err(JobError::UnrecognizedCommand),
+    }
+}
+
+/// A RetryJob `delay` in seconds. Digits too many for 64 bits read as the
+/// largest delay, which the queue refuses as `402 Malformed delay` (more
+/// than 8 digits) if it applies the delay at all.
+fn parse_delay(text: &str) -> Result<i64, JobError> {
+    let text = text.trim();
+    let digits = text.strip_prefix('+').unwrap_or(text);
+    match text.parse::<i64>() {
+        Ok(delay) => Ok(delay),
+        Err(_) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(i64::MAX),
+        Err(_) => Err(JobError::NegativeDelay),
     }
 }
 

@@ -2,6 +2,9 @@
 //! backslash escapes, a blank line, and a body of `Content-Length` bytes.
 //! The parser is incremental (it is handed whatever bytes have arrived) and
 //! bounded: no request may exceed [`MAX_REQUEST`] bytes, whatever its shape.
+//! A later duplicate header replaces an earlier one, except
+//! `Content-Length`: two of them are refused, since a proxy in front that
+//! takes the other one would frame the connection differently.
 
 use std::collections::HashMap;
 
@@ -19,7 +22,8 @@ pub struct Request {
     /// The first word of the method line, as sent.
     pub method: String,
     /// Headers by lower-cased name, values trimmed but not unescaped; a
-    /// later duplicate replaces an earlier one.
+    /// later duplicate replaces an earlier one (there is never more than one
+    /// `content-length`).
     pub headers: HashMap<String, String>,
     /// The body.
     pub body: Vec<u8>,
@@ -48,6 +52,8 @@ pub enum FrameError {
     TooLarge,
     /// `Content-Length` is not a number.
     BadContentLength,
+    /// `Content-Length` is given more than once.
+    DuplicateContentLength,
     /// A header line has no `:`.
     BadHeader,
 }
@@ -58,6 +64,7 @@ impl FrameError {
         match self {
             FrameError::TooLarge => "413 Request too large",
             FrameError::BadContentLength => "400 Malformed Content-Length",
+            FrameError::DuplicateContentLength => "400 Duplicate Content-Length",
             FrameError::BadHeader => "400 Malformed header line",
         }
     }
@@ -166,8 +173,11 @@ impl FrameReader {
             if self.headers.len() >= MAX_HEADERS {
                 return Err(FrameError::TooLarge);
             }
-            self.headers
-                .insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+            let name = name.trim().to_ascii_lowercase();
+            if name == "content-length" && self.headers.contains_key(&name) {
+                return Err(FrameError::DuplicateContentLength);
+            }
+            self.headers.insert(name, value.trim().to_string());
         }
     }
 }
@@ -227,8 +237,25 @@ pub fn unescape(value: &str) -> String {
 /// Writes a response: the status line, `Content-Length` (always), a blank
 /// line and the body.
 pub fn response(status_line: &str, body: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(status_line.len() + body.len() + 32);
+    response_with(status_line, &[], body)
+}
+
+/// Writes a response that tells the client the connection closes after it
+/// (`Connection: close`).
+pub fn closing_response(status_line: &str, body: &str) -> Vec<u8> {
+    response_with(status_line, &[("Connection", "close")], body)
+}
+
+/// Writes a response with these headers before `Content-Length`.
+pub fn response_with(status_line: &str, headers: &[(&str, &str)], body: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(status_line.len() + body.len() + 64);
     out.extend_from_slice(status_line.as_bytes());
+    for (name, value) in headers {
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+    }
     out.extend_from_slice(b"\r\nContent-Length: ");
     out.extend_from_slice(body.len().to_string().as_bytes());
     out.extend_from_slice(b"\r\n\r\n");
@@ -304,6 +331,24 @@ mod tests {
         assert_eq!(unescape(r"trailing\"), "trailing\\");
         assert_eq!(unescape(r"\uZZZZ"), "\\uZZZZ");
         assert_eq!(unescape(r#"{\"a\":1}"#), r#"{\"a\":1}"#);
+    }
+
+    #[test]
+    fn a_duplicate_content_length_is_refused_whatever_its_value() {
+        for bytes in [
+            &b"CreateJob\r\nContent-Length: 2\r\ncontent-length: 0\r\n\r\n{}"[..],
+            &b"CreateJob\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}"[..],
+        ] {
+            assert_eq!(parse(bytes), Err(FrameError::DuplicateContentLength));
+        }
+    }
+
+    #[test]
+    fn closing_responses_say_so() {
+        assert_eq!(
+            closing_response("200 OK", "{}"),
+            b"200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+        );
     }
 
     #[test]

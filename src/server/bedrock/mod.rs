@@ -87,7 +87,7 @@ pub async fn serve(
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
             tracing::warn!(%peer, "Bedrock port: too many connections; refusing one");
             tokio::spawn(async move {
-                let refusal = frame::response("503 Too many connections", "");
+                let refusal = frame::closing_response("503 Too many connections", "");
                 let _ =
                     tokio::time::timeout(Duration::from_secs(1), stream.write_all(&refusal)).await;
             });
@@ -184,13 +184,15 @@ impl Connection {
                         Err(ReadEnd::TimedOut) => {
                             if partial {
                                 let _ = self
-                                    .write(&frame::response("408 Request timeout", ""))
+                                    .write(&frame::closing_response("408 Request timeout", ""))
                                     .await;
                             }
                             return;
                         }
                         Err(ReadEnd::OverBudget) => {
-                            let _ = self.write(&frame::response("503 Server busy", "")).await;
+                            let _ = self
+                                .write(&frame::closing_response("503 Server busy", ""))
+                                .await;
                             return;
                         }
                     }
@@ -284,7 +286,9 @@ impl Connection {
             status = error.status_line(),
             "Bedrock port: unreadable request; closing the connection"
         );
-        let _ = self.write(&frame::response(error.status_line(), "")).await;
+        let _ = self
+            .write(&frame::closing_response(error.status_line(), ""))
+            .await;
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<(), ()> {
@@ -300,7 +304,7 @@ impl Connection {
             let given = request.header("token").unwrap_or_default();
             if !crate::server::http::constant_time_eq(given.as_bytes(), token.as_bytes()) {
                 let _ = self
-                    .write(&frame::response(
+                    .write(&frame::closing_response(
                         "401 Unauthorized: send the server's token in a Token header",
                         "",
                     ))
@@ -314,7 +318,7 @@ impl Connection {
             .to_ascii_lowercase();
         if connection == "forget" {
             let _ = self
-                .write(&frame::response("202 Successfully queued", ""))
+                .write(&frame::closing_response("202 Successfully queued", ""))
                 .await;
             let _ = self.stream.shutdown().await;
             let method = request.method.to_ascii_lowercase();
@@ -355,7 +359,9 @@ impl Connection {
                         Ok(n) => {
                             self.buf.extend_from_slice(&chunk[..n]);
                             if self.borrow_budget().is_err() {
-                                let _ = self.write(&frame::response("503 Server busy", "")).await;
+                                let _ = self
+                                    .write(&frame::closing_response("503 Server busy", ""))
+                                    .await;
                                 return After::Close;
                             }
                         }
@@ -372,7 +378,12 @@ impl Connection {
             return After::Close;
         }
 
-        let bytes = frame::response(&answer.status_line, &answer.body);
+        // `Connection: close` is echoed, then the connection closes.
+        let bytes = if connection == "close" {
+            frame::closing_response(&answer.status_line, &answer.body)
+        } else {
+            frame::response(&answer.status_line, &answer.body)
+        };
         if self.write(&bytes).await.is_err() {
             self.put_back(answer.handouts).await;
             return After::Close;

@@ -20,9 +20,25 @@ pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
 /// The data key where GetJob counts unreported `retryAfter` hand-outs.
 const RETRY_AFTER_COUNT: &str = "retryAfterCount";
 
+/// The data key where the first hand-out of a `retryAfter` job with a
+/// `SCHEDULED` repeat keeps the nextRun it was due at: the base of its next
+/// run, which the `retryAfter` hand-outs overwrite in `nextRun`.
+const ORIGINAL_NEXT_RUN: &str = "originalNextRun";
+
 /// Data keys that are bookkeeping, not the caller's, when comparing data for
 /// a unique CreateJob.
-const BOOKKEEPING_KEYS: [&str; 2] = [RETRY_AFTER_COUNT, "originalNextRun"];
+const BOOKKEEPING_KEYS: [&str; 2] = [RETRY_AFTER_COUNT, ORIGINAL_NEXT_RUN];
+
+/// The longest RetryJob delay in seconds: Bedrock applies it as
+/// `+N SECONDS`, a modifier of at most 8 digits.
+pub const MAX_RETRY_DELAY_SECS: i64 = 99_999_999;
+
+/// Whether a job is one a person dequeues by hand (its name starts with
+/// `manual`): Bedrock neither counts its `retryAfter` hand-outs nor fails it
+/// after [`MAX_RETRY_AFTER_HANDOUTS`].
+pub fn is_manual(name: &str) -> bool {
+    name.starts_with("manual")
+}
 
 /// States in which a child still holds its parent paused.
 const PENDING_CHILD: [JobState; 4] = [
@@ -135,7 +151,10 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
     let mut handed = Vec::with_capacity(candidates.len());
     for snapshot in candidates {
         let mut job = snapshot.clone();
-        if !job.retry_after.is_empty() && retry_after_count(&job.data) >= MAX_RETRY_AFTER_HANDOUTS {
+        if !job.retry_after.is_empty()
+            && !is_manual(&job.name)
+            && retry_after_count(&job.data) >= MAX_RETRY_AFTER_HANDOUTS
+        {
             tracing::info!(job_id = job.id, job_name = %job.name, "retryAfter job handed out {MAX_RETRY_AFTER_HANDOUTS} times without a report; marking it FAILED");
             job.state = JobState::Failed;
             job.lease = None;
@@ -186,10 +205,7 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
             let next = repeat_at.map_or(retry_at, |r| r.min(retry_at));
             job.state = JobState::Runqueued;
             job.next_run = next;
-            job.data.insert(
-                RETRY_AFTER_COUNT.into(),
-                json!(retry_after_count(&job.data) + 1),
-            );
+            note_retry_after_handout(&mut job, snapshot.next_run);
             let term = (next.0 - now.0).max(1000);
             job.lease = Some(Lease {
                 token: token.clone(),
@@ -213,6 +229,25 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
         });
     }
     Ok(handed)
+}
+
+/// Bedrock's bookkeeping in the data of a `retryAfter` job handed out while
+/// due at `due`: the hand-out is counted (not for a [`is_manual`] job), and a
+/// `SCHEDULED` repeat's first hand-out keeps `due` in `originalNextRun`.
+fn note_retry_after_handout(job: &mut Job, due: Timestamp) {
+    if !is_manual(&job.name) {
+        let count = retry_after_count(&job.data) + 1;
+        job.data.insert(RETRY_AFTER_COUNT.into(), json!(count));
+    }
+    if repeats_from_schedule(&job.repeat) && !job.data.contains_key(ORIGINAL_NEXT_RUN) {
+        job.data
+            .insert(ORIGINAL_NEXT_RUN.into(), json!(due.to_string()));
+    }
+}
+
+/// Whether a stored repeat counts from the scheduled time.
+fn repeats_from_schedule(repeat: &str) -> bool {
+    Repeat::parse(repeat).is_ok_and(|r| r.base == RepeatBase::Scheduled)
 }
 
 fn retry_after_count(data: &Data) -> i64 {
@@ -328,6 +363,13 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         }
     }
 
+    // A retryAfter job's schedule anchor is the server's: it outlives new
+    // data until the repeat has used it.
+    let original_next_run = if job.retry_after.is_empty() {
+        None
+    } else {
+        job.data.get(ORIGINAL_NEXT_RUN).cloned()
+    };
     let mut repeat = job.repeat.clone();
     if let Some(data) = data {
         if matches!(data.get("delete"), Some(Value::Bool(true)))
@@ -338,6 +380,9 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         job.data = data.clone();
     }
     job.data.remove(RETRY_AFTER_COUNT);
+    if let Some(original) = &original_next_run {
+        job.data.insert(ORIGINAL_NEXT_RUN.into(), original.clone());
+    }
 
     let pending_children: Vec<&Job> = children
         .iter()
@@ -370,9 +415,15 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         ignore_repeat = retry.ignore_repeat;
     }
 
-    let scheduled_base = Repeat::parse(&repeat).is_ok_and(|r| r.base == RepeatBase::Scheduled);
-    let scheduled = if !job.retry_after.is_empty() && scheduled_base {
-        job.scheduled_run.unwrap_or(job.next_run)
+    // A retryAfter hand-out moved nextRun; the run was due at the time the
+    // first hand-out kept.
+    let scheduled = if !job.retry_after.is_empty() && repeats_from_schedule(&repeat) {
+        original_next_run
+            .as_ref()
+            .and_then(Value::as_str)
+            .and_then(Timestamp::parse)
+            .or(job.scheduled_run)
+            .unwrap_or(job.next_run)
     } else {
         job.next_run
     };
@@ -381,11 +432,18 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     } else {
         None
     };
+    if next.is_some() && original_next_run.is_some() {
+        // This occurrence is over; the next one's first hand-out anchors it.
+        job.data.remove(ORIGINAL_NEXT_RUN);
+    }
     let next = match (&report, next) {
         (_, Some(next)) => Some(next),
         (Report::Retry(retry), None) => Some(match retry.next_run {
             Some(at) => at,
             None if retry.delay_secs < 0 => return Err(JobError::NegativeDelay),
+            None if retry.delay_secs > MAX_RETRY_DELAY_SECS => {
+                return Err(JobError::Malformed("delay"));
+            }
             None => {
                 let at = now
                     .whole_second()
@@ -480,14 +538,18 @@ pub fn update(tx: &mut Tracked, cmd: &UpdateJob) -> Result<(), JobError> {
     let now = tx.now;
     let mut job = tx.existing(cmd.id)?;
     check_lease(&job, cmd.lease.as_deref())?;
-    // Progress from a holder replaces the data, but the hand-out count of a
-    // held retryAfter job is the server's bookkeeping, not the holder's.
-    let count = job.data.get(RETRY_AFTER_COUNT).cloned();
+    // Progress from a holder replaces the data, but the hand-out count and
+    // the schedule's anchor of a held retryAfter job are the server's
+    // bookkeeping, not the holder's.
+    let kept: Vec<(&str, Value)> = BOOKKEEPING_KEYS
+        .iter()
+        .filter_map(|&key| Some((key, job.data.get(key)?.clone())))
+        .collect();
     job.data = cmd.data.clone();
-    if job.state.is_held()
-        && let Some(count) = count
-    {
-        job.data.entry(RETRY_AFTER_COUNT).or_insert(count);
+    if job.state.is_held() {
+        for (key, value) in kept {
+            job.data.entry(key).or_insert(value);
+        }
     }
     if let Some(priority) = cmd.priority {
         job.priority = priority;

@@ -355,6 +355,10 @@ fn corpus_requests_parse_as_intended() {
     assert_eq!(request.header("name").as_deref(), Some("second"));
     assert_eq!(parse(&read("bad_length_huge")), Err(FrameError::TooLarge));
     assert_eq!(parse(&read("no_colon")), Err(FrameError::BadHeader));
+    assert_eq!(
+        parse(&read("duplicate_content_length")),
+        Err(FrameError::DuplicateContentLength)
+    );
     assert_eq!(parse(&read("partial_line")), Ok(None));
 }
 

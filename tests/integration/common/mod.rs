@@ -799,3 +799,35 @@ impl SupervisorBuilder {
         }
     }
 }
+
+/// The time a server started with `--clock-file` reads, written by the test
+/// (a scripted clock: tests of timings are exact without waiting).
+pub struct Clock {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Clock {
+    /// A clock file reading `time` (`YYYY-MM-DD HH:MM:SS[.mmm]`, UTC).
+    pub fn at(time: &str) -> Clock {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Clock {
+            path: dir.path().join("clock"),
+            _dir: dir,
+        };
+        clock.set(time);
+        clock
+    }
+
+    /// Sets the time.
+    pub fn set(&self, time: &str) {
+        std::fs::write(&self.path, time).expect("clock file");
+    }
+
+    /// Options for a server that reads this clock.
+    pub fn server(&self) -> ServerBuilder {
+        Server::builder()
+            .arg("--clock-file")
+            .arg(self.path.to_str().expect("utf-8 path"))
+    }
+}
