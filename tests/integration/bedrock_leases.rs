@@ -60,35 +60,6 @@ fn keys(object: &Value) -> Vec<String> {
     keys
 }
 
-/// A clock file that a server reads its time from (`--clock-file`), in a
-/// directory of the test's own.
-struct Clock {
-    path: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Clock {
-    fn at(time: &str) -> Clock {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let clock = Clock {
-            path: dir.path().join("clock"),
-            _dir: dir,
-        };
-        clock.set(time);
-        clock
-    }
-
-    fn set(&self, time: &str) {
-        std::fs::write(&self.path, time).expect("clock file");
-    }
-
-    fn server(&self) -> ServerBuilder {
-        Server::builder()
-            .arg("--clock-file")
-            .arg(self.path.to_str().expect("utf-8 path"))
-    }
-}
-
 /// Polls until the job is QUEUED after `lapses` lapses; returns it.
 fn wait_lapsed(api: &Api, server: &Server, id: i64, lapses: i64) -> Value {
     let start = std::time::Instant::now();

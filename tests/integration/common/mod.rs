@@ -819,9 +819,13 @@ impl Clock {
         clock
     }
 
-    /// Sets the time.
+    /// Sets the time. The file is replaced whole (written beside it, then
+    /// renamed), so that the server never reads it half written: a torn read
+    /// would fall back to the system time and lapse every lease at once.
     pub fn set(&self, time: &str) {
-        std::fs::write(&self.path, time).expect("clock file");
+        let next = self.path.with_extension("next");
+        std::fs::write(&next, time).expect("clock file");
+        std::fs::rename(&next, &self.path).expect("clock file");
     }
 
     /// Options for a server that reads this clock.
