@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::waiters::DueJob;
 use super::{Queue, rules};
 use crate::protocol::Timestamp;
 
@@ -108,7 +109,11 @@ async fn tick(queue: &Queue, last: Timestamp) -> Result<(Timestamp, Option<Times
             if due.len() > MAX_NAMED {
                 queue.inner.waiters.wake_all();
             } else {
-                queue.inner.waiters.wake(&due);
+                let due = due
+                    .into_iter()
+                    .map(|(id, name, priority)| DueJob { id, name, priority })
+                    .collect();
+                queue.inner.waiters.wake(due);
             }
             Ok((now, next))
         }

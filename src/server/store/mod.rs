@@ -65,14 +65,14 @@ pub trait StoreTx {
     fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError>;
     /// Up to `limit` running jobs whose lease expired at or before `now`.
     fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError>;
-    /// Names and priorities of up to `limit` jobs that became due in
+    /// Ids, names and priorities of up to `limit` jobs that became due in
     /// `(after, upto]`.
     fn due_between(
         &mut self,
         after: Timestamp,
         upto: Timestamp,
         limit: usize,
-    ) -> Result<Vec<(String, Priority)>, JobError>;
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError>;
     /// The earliest moment after `now` at which a job becomes due, or any
     /// running job's lease lapses (which may be already past).
     fn next_wakeup(&mut self, now: Timestamp) -> Result<Option<Timestamp>, JobError>;

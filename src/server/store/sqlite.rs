@@ -350,7 +350,7 @@ impl StoreTx for FailingTx {
         _: Timestamp,
         _: Timestamp,
         _: usize,
-    ) -> Result<Vec<(String, Priority)>, JobError> {
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError> {
         Err(self.0.clone())
     }
     fn next_wakeup(&mut self, _: Timestamp) -> Result<Option<Timestamp>, JobError> {
@@ -587,18 +587,18 @@ impl StoreTx for SqliteTx<'_> {
         after: Timestamp,
         upto: Timestamp,
         limit: usize,
-    ) -> Result<Vec<(String, Priority)>, JobError> {
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError> {
         let mut statement = self
             .conn
             .prepare_cached(&format!(
-                "SELECT name, priority FROM jobs WHERE {READY} AND next_run > ?1 AND next_run <= ?2 \
+                "SELECT job_id, name, priority FROM jobs WHERE {READY} AND next_run > ?1 AND next_run <= ?2 \
                  ORDER BY next_run LIMIT ?3"
             ))
             .map_err(store_error)?;
         let rows = statement
             .query_map(params![after.0, upto.0, limit as i64], |row| {
-                let priority = Priority::new(row.get(1)?).map_err(|e| conversion(1, e))?;
-                Ok((row.get::<_, String>(0)?, priority))
+                let priority = Priority::new(row.get(2)?).map_err(|e| conversion(2, e))?;
+                Ok((row.get(0)?, row.get::<_, String>(1)?, priority))
             })
             .map_err(store_error)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
