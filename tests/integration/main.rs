@@ -24,3 +24,4 @@ mod operations;
 mod repeat;
 mod sandbox;
 mod supervisor;
+mod wake_ups;
