@@ -19,6 +19,7 @@ mod ledger;
 mod lifecycle;
 mod long_poll;
 mod metrics;
+mod one_server_per_file;
 mod openapi;
 mod operations;
 mod repeat;

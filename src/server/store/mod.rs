@@ -6,6 +6,7 @@
 //! transaction is durably committed. An operation that returns an error
 //! leaves nothing behind.
 
+mod file_lock;
 mod ledger;
 mod schema;
 mod sqlite;

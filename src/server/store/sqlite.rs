@@ -57,6 +57,17 @@ pub enum StoreOpenError {
     /// The writer thread could not be started.
     #[error("cannot start the job store's writer thread: {0}")]
     Thread(std::io::Error),
+    /// Another server (or supervisor with an embedded server) has the file.
+    #[error(
+        "the job store {path} is in use by another jobmgr server{}; two servers on one file miss each other's wake-ups, so stop that one or pass another --db",
+        holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default()
+    )]
+    InUse {
+        /// The store's file.
+        path: PathBuf,
+        /// The pid holding it, when its lock file says.
+        holder: Option<u32>,
+    },
     /// The file was written by a newer jobmgr.
     #[error(
         "the job store's schema is version {found}, newer than this jobmgr supports ({supported}); upgrade jobmgr or use another --db"
@@ -72,6 +83,8 @@ pub enum StoreOpenError {
 /// Jobs in one SQLite file.
 pub struct SqliteStore {
     path: PathBuf,
+    /// This server's claim on the file, released by [`SqliteStore::close`].
+    lock: Mutex<Option<super::file_lock::StoreLock>>,
     writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
@@ -87,6 +100,7 @@ impl SqliteStore {
                 source,
             })?;
         }
+        let lock = super::file_lock::StoreLock::acquire(path)?;
         create_private(path).map_err(|source| StoreOpenError::File {
             path: path.to_path_buf(),
             source,
@@ -110,6 +124,7 @@ impl SqliteStore {
             })?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
+            lock: Mutex::new(Some(lock)),
             writer: Mutex::new(Some(sender)),
             writer_thread: Mutex::new(Some(thread)),
             readers: Arc::new(Mutex::new(Vec::new())),
@@ -133,6 +148,7 @@ impl SqliteStore {
         {
             let _ = thread.join();
         }
+        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
