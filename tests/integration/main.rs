@@ -8,6 +8,7 @@ mod bedrock_client;
 mod chaos;
 mod children;
 mod cli;
+mod clock_step;
 mod commands;
 mod config;
 mod crash;
