@@ -8,6 +8,7 @@
 
 mod file_lock;
 mod ledger;
+mod listing;
 mod schema;
 mod sqlite;
 mod sqlite_ledger;

@@ -637,33 +637,8 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError> {
-        // Filter by pattern in Rust: a listing is for people, not the hot path.
-        let state = query.state.map(|s| s.as_str());
-        let mut out = Vec::new();
-        let mut after = query.after_id.unwrap_or(0);
-        let page = query.limit.clamp(1, 1000);
-        loop {
-            let batch = self.query_jobs(
-                &format!(
-                    "SELECT {COLUMNS} FROM jobs WHERE job_id > ?1 AND (?2 IS NULL OR state = ?2) \
-                     ORDER BY job_id LIMIT ?3"
-                ),
-                params![after, state, page as i64],
-            )?;
-            let exhausted = batch.len() < page;
-            for job in batch {
-                after = job.id;
-                if query.pattern.as_ref().is_none_or(|p| p.matches(&job.name)) {
-                    out.push(job);
-                    if out.len() >= query.limit {
-                        return Ok(out);
-                    }
-                }
-            }
-            if exhausted {
-                return Ok(out);
-            }
-        }
+        let (sql, params) = super::listing::list_sql(COLUMNS, query);
+        self.query_jobs(&sql, rusqlite::params_from_iter(params))
     }
 
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
