@@ -25,5 +25,6 @@ mod openapi;
 mod operations;
 mod repeat;
 mod sandbox;
+mod store_health;
 mod supervisor;
 mod wake_ups;

@@ -27,9 +27,23 @@ fn job_id(text: &str) -> Result<JobId, ApiError> {
     parse_job_id("jobID", text).map_err(ApiError::from)
 }
 
-/// `GET /healthz`
-pub async fn health(State(queue): State<Queue>) -> Json<Value> {
-    Json(json!({"status": "ok", "waiting": queue.waiting()}))
+/// `GET /healthz`: 200 while the store takes writes, 503 with the reason
+/// while they fail (a full disk, an I/O error).
+pub async fn health(State(queue): State<Queue>) -> (axum::http::StatusCode, Json<Value>) {
+    match queue.write_failure() {
+        None => (
+            axum::http::StatusCode::OK,
+            Json(json!({"status": "ok", "waiting": queue.waiting()})),
+        ),
+        Some(reason) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({
+                "status": "failing",
+                "reason": format!("the job store cannot write: {reason}"),
+                "waiting": queue.waiting(),
+            })),
+        ),
+    }
 }
 
 /// `GET /openapi.json`

@@ -168,6 +168,11 @@ impl Queue {
         self.inner.clock.now()
     }
 
+    /// Why the store's writes fail, while they do (for `/healthz`).
+    pub fn write_failure(&self) -> Option<String> {
+        self.inner.store.write_failure()
+    }
+
     /// How many GetJob requests are held.
     pub fn waiting(&self) -> usize {
         self.inner.waiters.len()

@@ -12,6 +12,7 @@ mod listing;
 mod schema;
 mod sqlite;
 mod sqlite_ledger;
+mod write_health;
 
 pub use ledger::{LedgerTx, PurgeLimits};
 
@@ -103,6 +104,11 @@ pub trait Store: Send + Sync {
     fn submit(&self, op: WriteOp);
     /// Runs a read operation off the async runtime.
     fn submit_read(&self, op: ReadOp);
+    /// Why writes fail, while they do (a full disk, an I/O error): set by a
+    /// failed write, cleared by the next that commits a change.
+    fn write_failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A boxed future, for the helpers below.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use thiserror::Error;
 
+use super::write_health::WriteHealth;
 use super::{ListQuery, ReadOp, Reply, Store, StoreTx, WriteOp};
 use crate::protocol::{
     Data, Job, JobError, JobId, JobState, Lease, NamePattern, Priority, Timestamp,
@@ -88,6 +89,7 @@ pub struct SqliteStore {
     writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    health: WriteHealth,
 }
 
 impl SqliteStore {
@@ -116,9 +118,11 @@ impl SqliteStore {
         super::schema::migrate(&mut conn)?;
 
         let (sender, receiver) = mpsc::channel::<WriteOp>();
+        let health = WriteHealth::default();
+        let writer_health = health.clone();
         let thread = std::thread::Builder::new()
             .name("jobmgr-store".into())
-            .spawn(move || write_loop(conn, receiver))
+            .spawn(move || write_loop(conn, receiver, &writer_health))
             .map_err(|e| {
                 StoreOpenError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
             })?;
@@ -128,6 +132,7 @@ impl SqliteStore {
             writer: Mutex::new(Some(sender)),
             writer_thread: Mutex::new(Some(thread)),
             readers: Arc::new(Mutex::new(Vec::new())),
+            health,
         })
     }
 
@@ -159,6 +164,10 @@ impl Drop for SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn write_failure(&self) -> Option<String> {
+        self.health.failure()
+    }
+
     fn submit(&self, op: WriteOp) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         match writer.as_ref() {
@@ -240,7 +249,7 @@ fn refuse(op: WriteOp, error: JobError) {
 /// The writer thread: takes every queued operation (up to [`MAX_GROUP`]),
 /// runs each in a savepoint of one transaction, commits once, then answers
 /// them all. Answers wait for the commit, so an acknowledged write is durable.
-fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>) {
+fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>, health: &WriteHealth) {
     while let Ok(first) = receiver.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -249,15 +258,22 @@ fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>) {
                 Err(_) => break,
             }
         }
-        run_group(&conn, group);
+        run_group(&conn, group, health);
     }
     tracing::debug!("job store writer stopped");
 }
 
-fn run_group(conn: &Connection, group: Vec<WriteOp>) {
+fn run_group(conn: &Connection, group: Vec<WriteOp>, health: &WriteHealth) {
     let mut waiting: std::collections::VecDeque<WriteOp> = group.into();
     while !waiting.is_empty() {
-        run_transaction(conn, &mut waiting);
+        match run_transaction(conn, &mut waiting) {
+            Ok(false) => {}
+            Ok(true) => health.committed(),
+            Err(reason) => health.failed(reason),
+        }
+        if let Some(reason) = super::write_health::take_noted() {
+            health.failed(reason);
+        }
     }
 }
 
@@ -265,14 +281,20 @@ fn run_group(conn: &Connection, group: Vec<WriteOp>) {
 /// answers them after the commit. If SQLite ends the transaction on its own
 /// (it rolls back on I/O errors and a full disk), the operations run so far
 /// are answered with the error and the rest are left for a new transaction,
-/// so nothing ever runs outside a transaction.
-fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<WriteOp>) {
+/// so nothing ever runs outside a transaction. Returns whether a change was
+/// committed, or why the transaction failed.
+fn run_transaction(
+    conn: &Connection,
+    waiting: &mut std::collections::VecDeque<WriteOp>,
+) -> Result<bool, String> {
+    let changes_before = conn.total_changes();
+    let mut kept_any = false;
     if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
         let error = store_error(error);
         for op in waiting.drain(..) {
             refuse(op, error.clone());
         }
-        return;
+        return Err(error.to_string());
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
     while let Some(op) = waiting.pop_front() {
@@ -282,6 +304,7 @@ fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<W
         }
         let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut SqliteTx { conn })));
         let keep = matches!(outcome, Ok((true, _)));
+        kept_any |= keep;
         let ended = if keep {
             conn.execute_batch("RELEASE op")
         } else {
@@ -304,14 +327,17 @@ fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<W
             replies
                 .into_iter()
                 .for_each(|reply| reply(Some(error.clone())));
-            return;
+            return Err(error.to_string());
         }
     }
     let committing = std::time::Instant::now();
     let committed = conn.execute_batch("COMMIT");
     crate::metrics::commit(committing.elapsed().as_secs_f64());
     match committed {
-        Ok(()) => replies.into_iter().for_each(|reply| reply(None)),
+        Ok(()) => {
+            replies.into_iter().for_each(|reply| reply(None));
+            Ok(kept_any && conn.total_changes() > changes_before)
+        }
         Err(error) => {
             let _ = conn.execute_batch("ROLLBACK");
             let error = store_error(error);
@@ -319,11 +345,13 @@ fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<W
             replies
                 .into_iter()
                 .for_each(|reply| reply(Some(error.clone())));
+            Err(error.to_string())
         }
     }
 }
 
 pub(super) fn store_error(error: rusqlite::Error) -> JobError {
+    super::write_health::note(&error);
     JobError::Store(error.to_string())
 }
 
