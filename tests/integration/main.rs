@@ -15,6 +15,7 @@ mod crash;
 mod edges;
 mod hostile;
 mod hostile_workers;
+mod idempotency;
 mod leases;
 mod ledger;
 mod lifecycle;

@@ -4,6 +4,7 @@
 //! lapse on the same timer.
 
 mod clock;
+pub mod idempotency;
 pub mod reports;
 mod rules;
 mod scheduler;

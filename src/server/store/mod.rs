@@ -85,6 +85,23 @@ pub trait StoreTx {
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError>;
     /// The ledger, in the same transaction.
     fn ledger(&mut self) -> &mut dyn LedgerTx;
+    /// The request fingerprint and job ids remembered for an idempotency
+    /// key, if it was used at or after `since`.
+    fn idempotent_answer(
+        &mut self,
+        key: &str,
+        since: Timestamp,
+    ) -> Result<Option<(String, Vec<JobId>)>, JobError>;
+    /// Remembers the answer to a key (replacing an expired one), and
+    /// forgets a bounded number of keys used before `expired_before`.
+    fn remember_answer(
+        &mut self,
+        key: &str,
+        fingerprint: &str,
+        ids: &[JobId],
+        now: Timestamp,
+        expired_before: Timestamp,
+    ) -> Result<(), JobError>;
 }
 
 /// Called once a write operation's transaction has ended: with `None` when it

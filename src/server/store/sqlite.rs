@@ -403,6 +403,23 @@ impl StoreTx for FailingTx {
     fn list(&mut self, _: &ListQuery) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())
     }
+    fn idempotent_answer(
+        &mut self,
+        _: &str,
+        _: Timestamp,
+    ) -> Result<Option<(String, Vec<JobId>)>, JobError> {
+        Err(self.0.clone())
+    }
+    fn remember_answer(
+        &mut self,
+        _: &str,
+        _: &str,
+        _: &[JobId],
+        _: Timestamp,
+        _: Timestamp,
+    ) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
         Err(self.0.clone())
     }
@@ -667,6 +684,57 @@ impl StoreTx for SqliteTx<'_> {
     fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError> {
         let (sql, params) = super::listing::list_sql(COLUMNS, query);
         self.query_jobs(&sql, rusqlite::params_from_iter(params))
+    }
+
+    fn idempotent_answer(
+        &mut self,
+        key: &str,
+        since: Timestamp,
+    ) -> Result<Option<(String, Vec<JobId>)>, JobError> {
+        let found: Option<(String, String)> = self
+            .conn
+            .prepare_cached(
+                "SELECT fingerprint, job_ids FROM idempotency_keys WHERE key = ?1 AND created >= ?2",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row(params![key, since.0], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map_err(store_error)?;
+        found
+            .map(|(fingerprint, ids)| {
+                let ids: Vec<JobId> =
+                    serde_json::from_str(&ids).map_err(|e| JobError::Store(e.to_string()))?;
+                Ok((fingerprint, ids))
+            })
+            .transpose()
+    }
+
+    fn remember_answer(
+        &mut self,
+        key: &str,
+        fingerprint: &str,
+        ids: &[JobId],
+        now: Timestamp,
+        expired_before: Timestamp,
+    ) -> Result<(), JobError> {
+        let ids = serde_json::to_string(ids).map_err(|e| JobError::Store(e.to_string()))?;
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO idempotency_keys (key, fingerprint, job_ids, created) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut statement| statement.execute(params![key, fingerprint, ids, now.0]))
+            .map_err(store_error)?;
+        self.conn
+            .prepare_cached(
+                "DELETE FROM idempotency_keys WHERE key IN (SELECT key FROM idempotency_keys \
+                 WHERE created < ?1 ORDER BY created LIMIT 100)",
+            )
+            .and_then(|mut statement| statement.execute(params![expired_before.0]))
+            .map_err(store_error)?;
+        Ok(())
     }
 
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
