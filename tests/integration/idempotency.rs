@@ -78,3 +78,48 @@ fn the_same_idempotency_key_with_a_different_request_is_refused() {
     assert_eq!(status, 400);
     assert_eq!(count(&api, "idem/d"), 0);
 }
+
+/// One Bedrock request with `Connection: close`; the answer as text.
+fn bedrock(server: &Server, method: &str, headers: &str) -> String {
+    let request = format!("{method}\r\n{headers}Connection: close\r\n\r\n");
+    raw_exchange(&server.bedrock, request.as_bytes())
+}
+
+#[test]
+fn a_bedrock_create_retried_with_its_idempotency_key_is_not_duplicated() {
+    let server = Server::start();
+    let api = server.api();
+    let first = bedrock(
+        &server,
+        "CreateJob",
+        "name: idem/bedrock\r\nidempotencyKey: b-1\r\n",
+    );
+    assert!(first.starts_with("200"), "{first}");
+    let again = bedrock(
+        &server,
+        "CreateJob",
+        "name: idem/bedrock\r\nidempotencyKey: b-1\r\n",
+    );
+    let body = |answer: &str| {
+        answer
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(body(&again), body(&first), "a repeat gets the first answer");
+    assert_eq!(count(&api, "idem/bedrock"), 1);
+    let jobs = r#"[{"name":"idem/bedrock-batch"},{"name":"idem/bedrock-batch"}]"#;
+    let headers = format!("jobs: {jobs}\r\nidempotencyKey: b-2\r\n");
+    let first = bedrock(&server, "CreateJobs", &headers);
+    let again = bedrock(&server, "CreateJobs", &headers);
+    assert!(first.starts_with("200"), "{first}");
+    assert_eq!(body(&again), body(&first));
+    assert_eq!(count(&api, "idem/bedrock-batch"), 2);
+    let reused = bedrock(
+        &server,
+        "CreateJob",
+        "name: idem/other\r\nidempotencyKey: b-1\r\n",
+    );
+    assert!(reused.starts_with("409 Idempotency key b-1"), "{reused}");
+}

@@ -75,18 +75,6 @@ fn idempotency_key(headers: &HeaderMap, body: Option<String>) -> Result<Option<S
     }
 }
 
-/// Creates `cmds`, idempotently when a key is given.
-async fn create_jobs(
-    queue: &Queue,
-    key: Option<String>,
-    cmds: Vec<crate::protocol::CreateJob>,
-) -> Result<Vec<JobId>, JobError> {
-    match key {
-        Some(key) => queue.create_idempotent(key, cmds).await,
-        None => queue.create_many(cmds).await,
-    }
-}
-
 /// `POST /jobs`: CreateJob.
 pub async fn create(
     State(queue): State<Queue>,
@@ -94,7 +82,9 @@ pub async fn create(
     Body(mut req): Body<CreateJobRequest>,
 ) -> Answer {
     let key = idempotency_key(&headers, req.take_idempotency_key())?;
-    let ids = create_jobs(&queue, key, vec![req.into_command()?]).await?;
+    let ids = queue
+        .create_with_key(key, vec![req.into_command()?])
+        .await?;
     Ok(Json(json!({"jobID": ids.first()})))
 }
 
@@ -127,7 +117,7 @@ pub async fn create_many(
         .into_iter()
         .map(CreateJobRequest::into_command)
         .collect::<Result<Vec<_>, _>>()?;
-    let ids = create_jobs(&queue, key, cmds).await?;
+    let ids = queue.create_with_key(key, cmds).await?;
     Ok(Json(json!({"jobIDs": ids})))
 }
 

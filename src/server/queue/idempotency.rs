@@ -37,6 +37,19 @@ fn fingerprint(cmds: &[CreateJob]) -> String {
 }
 
 impl Queue {
+    /// CreateJobs, idempotently when `key` is given (see
+    /// [`Queue::create_idempotent`]).
+    pub async fn create_with_key(
+        &self,
+        key: Option<String>,
+        cmds: Vec<CreateJob>,
+    ) -> Result<Vec<JobId>, JobError> {
+        match key {
+            Some(key) => self.create_idempotent(key, cmds).await,
+            None => self.create_many(cmds).await,
+        }
+    }
+
     /// CreateJob(s) with an idempotency key: the first request with `key`
     /// creates the jobs; a repeat within [`KEY_TTL`] gets the same ids and
     /// creates nothing; the same key with different jobs is refused.
