@@ -20,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// Rounds per run (`WAKE_UPS_ROUNDS` overrides): each takes milliseconds.
-const ROUNDS: usize = 500;
+const ROUNDS: usize = 600;
 /// How long a round may take before its QUEUED jobs count as stranded:
 /// rounds take milliseconds.
 const ROUND_DEADLINE: Duration = Duration::from_secs(10);
