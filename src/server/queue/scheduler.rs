@@ -20,7 +20,8 @@ use super::clock::StepWatch;
 use super::tracked::Tracked;
 use super::waiters::DueJob;
 use super::{Queue, rules};
-use crate::protocol::{JobError, Timestamp};
+use crate::protocol::{JobError, JobState, Timestamp};
+use crate::server::store::ListQuery;
 
 /// The most jobs named in one wake-up; past it, every waiter is woken.
 const MAX_NAMED: usize = 4096;
@@ -155,17 +156,30 @@ async fn tick(
     }
 }
 
-/// Moves every running lease's expiry `step_ms` later. Returns how many.
+/// Moves every held job's lease expiry `step_ms` later (and, for a
+/// RUNQUEUED job, whose lease lapses by becoming due, its `nextRun`).
+/// Returns how many.
 fn extend_leases_by(tx: &mut Tracked, step_ms: i64) -> Result<usize, JobError> {
+    let mut held = tx.store().expired_leases(Timestamp(i64::MAX), usize::MAX)?;
+    // RUNQUEUED jobs are few; a step is rare.
+    held.extend(tx.store().list(&ListQuery {
+        state: Some(JobState::Runqueued),
+        limit: usize::MAX,
+        ..ListQuery::default()
+    })?);
     let mut extended = 0;
-    for mut job in tx.store().expired_leases(Timestamp(i64::MAX), usize::MAX)? {
+    for mut job in held {
         let Some(lease) = job.lease.as_mut() else {
             continue;
         };
         let Some(expires) = lease.expires else {
             continue;
         };
-        lease.expires = Some(expires.plus_millis(step_ms));
+        let expires = expires.plus_millis(step_ms);
+        lease.expires = Some(expires);
+        if job.state == JobState::Runqueued {
+            job.next_run = expires;
+        }
         tx.update(&job)?;
         extended += 1;
     }
