@@ -71,7 +71,8 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_positive_duration)]
     pub purge_every: Duration,
     /// Read the time from this file (milliseconds since the epoch, or
-    /// `YYYY-MM-DD HH:MM:SS`) instead of the system clock. For tests.
+    /// `YYYY-MM-DD HH:MM:SS`, or an offset from the system time such as
+    /// `+3600000`) instead of the system clock. For tests.
     #[arg(long, value_name = "PATH", hide = true)]
     pub clock_file: Option<PathBuf>,
 }

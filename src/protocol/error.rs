@@ -90,6 +90,12 @@ pub enum JobError {
         "Lease lost: job {0} is no longer held under this lease; stop the worker and discard its result"
     )]
     LeaseLost(JobId),
+    /// A create with an idempotency key first used for a different
+    /// request.
+    #[error(
+        "Idempotency key {0} was first used with a different request; send a new key with a new request"
+    )]
+    IdempotencyKeyReused(String),
     /// A Bedrock method this server does not know.
     #[error("Unrecognized command")]
     UnrecognizedCommand,
@@ -113,7 +119,7 @@ impl JobError {
             | CancelOrphan => 404,
             ParentNotRunning | Grandchild | NotHeldForFinish | ParentNotPaused | NotHeldForFail
             | DeleteRunning | DeletePaused | OutstandingChildren => 405,
-            LeaseLost(_) => 409,
+            LeaseLost(_) | IdempotencyKeyReused(_) => 409,
             UnrecognizedCommand => 430,
             Store(_) => 502,
             ShuttingDown => 503,
@@ -151,6 +157,7 @@ impl JobError {
                     DeletePaused => "delete_paused",
                     OutstandingChildren => "outstanding_children",
                     LeaseLost(_) => "lease_lost",
+                    IdempotencyKeyReused(_) => "idempotency_key_reused",
                     UnrecognizedCommand => "unrecognized_command",
                     Store(_) => "store_failed",
                     ShuttingDown => "shutting_down",

@@ -174,8 +174,9 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
     match method.as_str() {
         "createjob" => {
             let cmd = create_job(&|name| params.text(name), &|name| params.json_text(name))?;
-            let id = queue.create(cmd).await?;
-            Ok(Answer::ok(json!({"jobID": id})))
+            let key = params.text("idempotencyKey");
+            let ids = queue.create_with_key(key, vec![cmd]).await?;
+            Ok(Answer::ok(json!({"jobID": ids.first()})))
         }
         "createjobs" => {
             let jobs = params.json_text("jobs").ok_or(JobError::InvalidJson)?;
@@ -206,7 +207,8 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
                     create_job(&field, &field)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let ids = queue.create_many(cmds).await?;
+            let key = params.text("idempotencyKey");
+            let ids = queue.create_with_key(key, cmds).await?;
             Ok(Answer::ok(json!({"jobIDs": ids})))
         }
         "getjob" | "getjobs" => get_jobs(queue, request, &params, method == "getjobs").await,

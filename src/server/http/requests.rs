@@ -90,9 +90,17 @@ pub struct CreateJobRequest {
     parent_job_id: Option<i64>,
     #[serde(default, deserialize_with = "given")]
     retry_after: Option<String>,
+    /// The idempotency key of a single create (a batch has its own).
+    #[serde(default, deserialize_with = "given")]
+    idempotency_key: Option<String>,
 }
 
 impl CreateJobRequest {
+    /// Takes the idempotency key given in the body, if any.
+    pub fn take_idempotency_key(&mut self) -> Option<String> {
+        self.idempotency_key.take()
+    }
+
     /// The checked command.
     pub fn into_command(self) -> Result<CreateJob, JobError> {
         let name = self.name.unwrap_or_default();
@@ -125,6 +133,9 @@ impl CreateJobRequest {
 pub struct CreateJobsRequest {
     /// The jobs.
     pub jobs: Vec<CreateJobRequest>,
+    /// The batch's idempotency key.
+    #[serde(rename = "idempotencyKey", default)]
+    pub idempotency_key: Option<String>,
 }
 
 /// `POST /dequeue`.

@@ -3,6 +3,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 
 use super::body::{BatchBody, Body, Params};
@@ -27,9 +28,23 @@ fn job_id(text: &str) -> Result<JobId, ApiError> {
     parse_job_id("jobID", text).map_err(ApiError::from)
 }
 
-/// `GET /healthz`
-pub async fn health(State(queue): State<Queue>) -> Json<Value> {
-    Json(json!({"status": "ok", "waiting": queue.waiting()}))
+/// `GET /healthz`: 200 while the store takes writes, 503 with the reason
+/// while they fail (a full disk, an I/O error).
+pub async fn health(State(queue): State<Queue>) -> (axum::http::StatusCode, Json<Value>) {
+    match queue.write_failure() {
+        None => (
+            axum::http::StatusCode::OK,
+            Json(json!({"status": "ok", "waiting": queue.waiting()})),
+        ),
+        Some(reason) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({
+                "status": "failing",
+                "reason": format!("the job store cannot write: {reason}"),
+                "waiting": queue.waiting(),
+            })),
+        ),
+    }
 }
 
 /// `GET /openapi.json`
@@ -40,17 +55,55 @@ pub async fn openapi() -> ([(axum::http::HeaderName, &'static str); 1], &'static
     )
 }
 
+/// The idempotency key of a create: the `Idempotency-Key` header or the
+/// body's `idempotencyKey` (the same, if both are given).
+fn idempotency_key(headers: &HeaderMap, body: Option<String>) -> Result<Option<String>, ApiError> {
+    let header = match headers.get("idempotency-key") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .map_err(|_| ApiError::from(JobError::Malformed("idempotencyKey")))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    match (header, body) {
+        (Some(header), Some(body)) if header != body => Err(ApiError::bad_request(
+            "the Idempotency-Key header and the body's idempotencyKey differ; send one",
+        )),
+        (header, body) => Ok(header.or(body)),
+    }
+}
+
 /// `POST /jobs`: CreateJob.
-pub async fn create(State(queue): State<Queue>, Body(req): Body<CreateJobRequest>) -> Answer {
-    let id = queue.create(req.into_command()?).await?;
-    Ok(Json(json!({"jobID": id})))
+pub async fn create(
+    State(queue): State<Queue>,
+    headers: HeaderMap,
+    Body(mut req): Body<CreateJobRequest>,
+) -> Answer {
+    let key = idempotency_key(&headers, req.take_idempotency_key())?;
+    let ids = queue
+        .create_with_key(key, vec![req.into_command()?])
+        .await?;
+    Ok(Json(json!({"jobID": ids.first()})))
 }
 
 /// `POST /jobs/batch`: CreateJobs, all or nothing.
 pub async fn create_many(
     State(queue): State<Queue>,
-    BatchBody(req): BatchBody<CreateJobsRequest>,
+    headers: HeaderMap,
+    BatchBody(mut req): BatchBody<CreateJobsRequest>,
 ) -> Answer {
+    let key = idempotency_key(&headers, req.idempotency_key.take())?;
+    if req
+        .jobs
+        .iter_mut()
+        .any(|job| job.take_idempotency_key().is_some())
+    {
+        return Err(ApiError::bad_request(
+            "idempotencyKey belongs to the batch, not to its jobs",
+        ));
+    }
     if req.jobs.is_empty() {
         return Err(JobError::InvalidJson.into());
     }
@@ -64,7 +117,7 @@ pub async fn create_many(
         .into_iter()
         .map(CreateJobRequest::into_command)
         .collect::<Result<Vec<_>, _>>()?;
-    let ids = queue.create_many(cmds).await?;
+    let ids = queue.create_with_key(key, cmds).await?;
     Ok(Json(json!({"jobIDs": ids})))
 }
 

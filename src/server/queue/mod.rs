@@ -4,6 +4,7 @@
 //! lapse on the same timer.
 
 mod clock;
+pub mod idempotency;
 pub mod reports;
 mod rules;
 mod scheduler;
@@ -20,8 +21,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::protocol::view::HandOut;
 use crate::protocol::{
-    CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, Priority, RequeueJobs,
-    RetryJob, Timestamp, UpdateJob,
+    CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, RequeueJobs, RetryJob,
+    Timestamp, UpdateJob,
 };
 use crate::server::ledger::Retention;
 use crate::server::ledger::retention::millis;
@@ -31,7 +32,7 @@ pub use clock::{Clock, FileClock, SystemClock};
 pub use reports::{History, WorkerView};
 pub use rules::{MAX_RETRY_AFTER_HANDOUTS, new_token};
 pub use tracked::{Changes, Tracked};
-pub use waiters::{Ticket, Waiters};
+pub use waiters::{DueJob, Owed, Ticket, Waiters};
 
 /// Settings of the queue.
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +76,15 @@ struct Inner {
     tasks: TaskTracker,
     /// Set once leases held before a restart were extended.
     recovered: tokio::sync::watch::Sender<bool>,
+    /// Runs between a claim's commit and its answer, to script races.
+    #[cfg(test)]
+    claim_hook: Mutex<Option<ClaimHook>>,
 }
+
+/// A test's hook on claims: given the number of jobs a committed claim
+/// took, it may hold the answer back.
+#[cfg(test)]
+type ClaimHook = Arc<dyn Fn(usize) -> crate::server::store::BoxFuture<'static, ()> + Send + Sync>;
 
 /// A claim's answer that its requester may stop waiting for: if dropped
 /// with the answer unread, the jobs in it are put back.
@@ -146,6 +155,8 @@ impl Queue {
                 shutdown: CancellationToken::new(),
                 recovered: tokio::sync::watch::Sender::new(false),
                 tasks: TaskTracker::new(),
+                #[cfg(test)]
+                claim_hook: Mutex::new(None),
             }),
         };
         tokio::spawn(scheduler::run(queue.clone()));
@@ -164,6 +175,11 @@ impl Queue {
     /// The current time, by the queue's clock.
     pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
+    }
+
+    /// Why the store's writes fail, while they do (for `/healthz`).
+    pub fn write_failure(&self) -> Option<String> {
+        self.inner.store.write_failure()
     }
 
     /// How many GetJob requests are held.
@@ -218,14 +234,14 @@ impl Queue {
         let now = self.now();
         let mut due = Vec::new();
         let mut later = changes.lease_expiry;
-        for (name, priority, next_run) in changes.ready {
+        for (job, next_run) in changes.ready {
             if next_run <= now {
-                due.push((name, priority));
+                due.push(job);
             } else {
                 later = Some(later.map_or(next_run, |l| l.min(next_run)));
             }
         }
-        self.inner.waiters.wake(&due);
+        self.inner.waiters.wake(due);
         if let Some(at) = later {
             self.inner.timer.nudge(at);
         }
@@ -261,8 +277,9 @@ impl Queue {
     ) -> Result<Vec<HandOut>, JobError> {
         let deadline = wait.map(|w| tokio::time::Instant::now() + w);
         let pattern = Arc::new(cmd.pattern.clone());
-        // Jobs this request was woken for and has not yet looked for.
-        let mut woken_for: Vec<(String, Priority)> = Vec::new();
+        // Wake-ups this request holds: each is settled or passed on (see
+        // `waiters`), also when this future is dropped or fails.
+        let mut owed = Owed::new(self.inner.waiters.clone());
         loop {
             let ticket = deadline.map(|_| {
                 self.inner
@@ -272,23 +289,17 @@ impl Queue {
             let handouts = self.claim(cmd.clone()).await?;
             if !handouts.is_empty() {
                 if let Some(ticket) = ticket {
-                    woken_for.extend(ticket.disarm());
+                    // Woken while claiming: the claim may have read the
+                    // store before the job it was woken for was committed.
+                    owed.add(ticket.disarm());
                 }
-                if handouts.len() == cmd.num_results {
-                    // Full: jobs it was woken for and did not take (it took
-                    // better ones) may be due still; let the next waiter look.
-                    for handout in &handouts {
-                        if let Some(at) = woken_for
-                            .iter()
-                            .position(|(n, p)| *n == handout.job.name && *p == handout.job.priority)
-                        {
-                            woken_for.swap_remove(at);
-                        }
-                    }
-                    self.inner.waiters.wake(&woken_for);
-                }
+                owed.pass_on_all_but(&handouts);
                 return Ok(handouts);
             }
+            // The claim came after every commit whose wake-up `owed` holds
+            // and found nothing: those jobs are gone. (A wake-up that came
+            // during the claim is still in the ticket.)
+            owed.settle_all();
             let (Some(deadline), Some(ticket)) = (deadline, ticket) else {
                 return Ok(handouts);
             };
@@ -298,7 +309,7 @@ impl Queue {
             // Dropping the ticket (rather than disarming it) passes on a
             // wake-up that raced with the end of the wait.
             tokio::select! {
-                _ = ticket.notified() => woken_for = ticket.disarm(),
+                _ = ticket.notified() => owed.add(ticket.disarm()),
                 _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),
                 _ = self.inner.shutdown.cancelled() => return Ok(Vec::new()),
             }
@@ -314,6 +325,8 @@ impl Queue {
         let queue = self.clone();
         self.inner.tasks.spawn(async move {
             let result = queue.write(move |tx| rules::get_jobs(tx, &cmd)).await;
+            #[cfg(test)]
+            queue.run_claim_hook(&result).await;
             if let Err(Ok(handouts)) = answer.send(result) {
                 queue.put_back(handouts);
             }
@@ -328,6 +341,20 @@ impl Queue {
         };
         pending.answer = None;
         result
+    }
+
+    /// Runs the test's claim hook, if one is set.
+    #[cfg(test)]
+    async fn run_claim_hook(&self, result: &Result<Vec<HandOut>, JobError>) {
+        let hook = self
+            .inner
+            .claim_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(hook) = hook {
+            hook(result.as_ref().map_or(0, Vec::len)).await;
+        }
     }
 
     /// Puts back, in the background, hand-outs nobody received.
@@ -421,3 +448,6 @@ impl Queue {
             .await
     }
 }
+
+#[cfg(test)]
+mod wake_up_tests;

@@ -5,11 +5,13 @@
 use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
 use crate::server::store::StoreTx;
 
+use super::waiters::DueJob;
+
 /// What a committed transaction means for waiters and the timer.
 #[derive(Debug, Default)]
 pub struct Changes {
-    /// Jobs written in QUEUED or RUNQUEUED: name, priority and `nextRun`.
-    pub ready: Vec<(String, Priority, Timestamp)>,
+    /// Jobs written in QUEUED or RUNQUEUED, with their `nextRun`.
+    pub ready: Vec<(DueJob, Timestamp)>,
     /// The earliest lease expiry written.
     pub lease_expiry: Option<Timestamp>,
 }
@@ -41,11 +43,14 @@ impl<'a> Tracked<'a> {
         self.changes
     }
 
-    fn note(&mut self, job: &Job) {
+    fn note(&mut self, id: JobId, job: &Job) {
         if job.state.is_ready_state() {
-            self.changes
-                .ready
-                .push((job.name.clone(), job.priority, job.next_run));
+            let due = DueJob {
+                id,
+                name: job.name.clone(),
+                priority: job.priority,
+            };
+            self.changes.ready.push((due, job.next_run));
         }
         if job.state == JobState::Running
             && let Some(expires) = job.lease.as_ref().and_then(|l| l.expires)
@@ -61,14 +66,14 @@ impl<'a> Tracked<'a> {
     /// Inserts a job.
     pub fn insert(&mut self, job: &Job) -> Result<JobId, JobError> {
         let id = self.store.insert(job)?;
-        self.note(job);
+        self.note(id, job);
         Ok(id)
     }
 
     /// Writes a job.
     pub fn update(&mut self, job: &Job) -> Result<(), JobError> {
         self.store.update(job)?;
-        self.note(job);
+        self.note(job.id, job);
         Ok(())
     }
 

@@ -2,18 +2,79 @@
 //! own `Notify` until a job it could take becomes due. Jobs are assigned to
 //! waiters first come, first served, so one new job wakes one waiter, not
 //! all of them. An idle waiter costs a list entry and nothing else.
+//!
+//! # Why no wake-up is lost
+//!
+//! A wake-up names the job it is for, by id ([`DueJob`]), and is given to one
+//! waiter, which then owes it: the waiter either takes that very job or
+//! passes the wake-up on. A spurious wake-up costs one claim that finds
+//! nothing; a lost one leaves a job QUEUED while a matching waiter sleeps, so
+//! every doubt is settled by passing on. The request's side of this contract
+//! is [`Owed`] and `Queue::get_jobs`: it registers, then claims (looks at the
+//! store in a write transaction), and the store runs transactions one after
+//! another, so a claim sees every job whose commit came before it.
+//!
+//! Every interleaving of a job's commit (which calls [`Waiters::wake`] after
+//! it is durable) with a waiter W that matches it:
+//!
+//! - **W not registered yet.** W registers, then claims: the claim comes
+//!   after the commit and sees the job (or someone else took it).
+//! - **Woken before its claim** (W asleep). W claims after the commit. If it
+//!   finds nothing, every job it was woken for was gone at that moment
+//!   (taken, cancelled, deleted), so it owes nothing and sleeps again; this
+//!   is also what ends a chain of spurious wake-ups. If it finds jobs, it
+//!   passes on every woken-for job whose id is not among them.
+//! - **Woken during or after its claim** (the claim read the store before the
+//!   commit, and W is still first in line). W is still registered, so the
+//!   wake-up lands in its ticket. If the claim found nothing, the ticket's
+//!   `Notify` already holds a permit: W claims again at once, after the
+//!   commit. If it found jobs, W takes the ticket's wake-ups when it
+//!   unregisters ([`Ticket::disarm`]) and passes on each one whose job it did
+//!   not take, whether or not its batch was full.
+//! - **Woken after it unregistered.** It is no longer in the list, so the
+//!   wake-up goes to the next matching waiter.
+//! - **Dropped** (its client went away, its wait ended, an error, shutdown).
+//!   The ticket passes on everything it was woken for ([`Ticket`]'s `Drop`),
+//!   and the request passes on what it still owed ([`Owed`]'s `Drop`). Jobs
+//!   a dropped request had already claimed are put back by the queue, and
+//!   that commit wakes waiters of its own.
+//! - **Priority filters and patterns.** A wake-up goes only to a waiter that
+//!   matches the job's name and priority; a passed-on one is assigned afresh
+//!   by the same rule, so it reaches only waiters that could take it.
+//! - **Batches.** A waiter wanting `n` jobs is assigned up to `n` wake-ups.
+//!   It may take better jobs instead of those (higher priority first); the
+//!   ones it did not take are passed on, by id.
+//! - **Many names at once** (past [`MAX_DISTINCT_NAMES`]), and shutdown:
+//!   every waiter is woken with no job named ([`Waiters::wake_all`]) and
+//!   looks for itself. Each woken waiter claims after the commit, and any
+//!   waiter still asleep registered after the wake-up and so claimed after
+//!   the commit too; nobody sleeps beside a job it could take, and there is
+//!   nothing to pass on.
 
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::protocol::{NamePattern, Priority};
+use crate::protocol::view::HandOut;
+use crate::protocol::{JobId, NamePattern, Priority};
 
 /// The most different job names one wake-up assigns one by one.
 pub const MAX_DISTINCT_NAMES: usize = 256;
 
-/// The jobs a waiter was woken for, shared between it and the list.
-type WokenFor = Arc<Mutex<Option<Vec<(String, Priority)>>>>;
+/// A job that just became due: what a wake-up is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueJob {
+    /// The job.
+    pub id: JobId,
+    /// Its name, matched against waiters' patterns.
+    pub name: String,
+    /// Its priority, matched against waiters' priority filters.
+    pub priority: Priority,
+}
+
+/// The jobs a waiter was woken for, shared between it and the list: `None`
+/// while asleep, an empty list when woken to look for itself.
+type WokenFor = Arc<Mutex<Option<Vec<DueJob>>>>;
 
 #[derive(Debug)]
 struct Entry {
@@ -22,7 +83,7 @@ struct Entry {
     priority: Option<Priority>,
     want: usize,
     notify: Arc<Notify>,
-    /// Names this waiter was woken for, to pass on if it leaves unserved.
+    /// Jobs this waiter was woken for, to pass on if it leaves unserved.
     woken_for: WokenFor,
 }
 
@@ -89,54 +150,55 @@ impl Waiters {
     /// list; they register again if they find nothing. Past
     /// [`MAX_DISTINCT_NAMES`] different names at once, every waiter is woken
     /// instead, which bounds the work done under the list's lock.
-    pub fn wake(&self, jobs: &[(String, Priority)]) {
+    pub fn wake(&self, jobs: Vec<DueJob>) {
         if jobs.is_empty() {
             return;
         }
-        let mut distinct: Vec<((&str, Priority), usize)> = Vec::new();
-        for (name, priority) in jobs {
-            match distinct
+        // Jobs grouped by name and priority, since waiters match on those.
+        let mut groups: Vec<Vec<DueJob>> = Vec::new();
+        for job in jobs {
+            match groups
                 .iter_mut()
-                .find(|((n, p), _)| *n == name.as_str() && p == priority)
+                .find(|group| group[0].name == job.name && group[0].priority == job.priority)
             {
-                Some((_, count)) => *count += 1,
+                Some(group) => group.push(job),
                 None => {
-                    if distinct.len() == MAX_DISTINCT_NAMES {
+                    if groups.len() == MAX_DISTINCT_NAMES {
                         self.wake_all();
                         return;
                     }
-                    distinct.push(((name.as_str(), *priority), 1));
+                    groups.push(vec![job]);
                 }
             }
         }
         let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
         let mut room: Vec<usize> = list.entries.iter().map(|e| e.want).collect();
         let mut total_room: usize = room.iter().sum();
-        let mut assigned: Vec<Vec<(String, Priority)>> = vec![Vec::new(); room.len()];
-        for ((name, priority), mut count) in distinct {
+        let mut assigned: Vec<Vec<DueJob>> = (0..room.len()).map(|_| Vec::new()).collect();
+        for mut group in groups {
             for (index, entry) in list.entries.iter().enumerate() {
-                if count == 0 || total_room == 0 {
+                if group.is_empty() || total_room == 0 {
                     break;
                 }
+                let (name, priority) = (&group[0].name, group[0].priority);
                 if room[index] == 0
                     || entry.priority.is_some_and(|p| p != priority)
                     || !entry.pattern.matches(name)
                 {
                     continue;
                 }
-                let take = room[index].min(count);
+                let take = room[index].min(group.len());
                 room[index] -= take;
                 total_room -= take;
-                count -= take;
-                assigned[index].extend(std::iter::repeat_n((name.to_string(), priority), take));
+                assigned[index].extend(group.drain(..take));
             }
         }
-        for (index, names) in assigned.into_iter().enumerate().rev() {
-            if names.is_empty() {
+        for (index, jobs) in assigned.into_iter().enumerate().rev() {
+            if jobs.is_empty() {
                 continue;
             }
             let entry = list.entries.remove(index);
-            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(names);
+            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs);
             entry.notify.notify_one();
         }
     }
@@ -175,9 +237,10 @@ impl Ticket {
         self.notify.notified().await
     }
 
-    /// Ends the registration without passing anything on, and returns what
-    /// it was woken for: the holder is about to look for those jobs itself.
-    pub fn disarm(mut self) -> Vec<(String, Priority)> {
+    /// Ends the registration without passing anything on, and returns the
+    /// jobs it was woken for: the holder now owes those wake-ups (see
+    /// [`Owed`]).
+    pub fn disarm(mut self) -> Vec<DueJob> {
         self.armed = false;
         self.waiters.remove(self.id);
         self.woken_for
@@ -207,9 +270,53 @@ impl Drop for Ticket {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some(names) = woken_for {
-            self.waiters.wake(&names);
+        if let Some(jobs) = woken_for {
+            self.waiters.wake(jobs);
         }
+    }
+}
+
+/// The wake-ups a request holds and has not yet settled: jobs it was woken
+/// for. It settles them by taking those jobs, by a claim that finds nothing
+/// (which proves they are gone), or by passing them on; whatever is left
+/// when it is dropped is passed on, so a request that ends in any way (an
+/// answer, an error, its client gone) loses no wake-up.
+#[derive(Debug)]
+pub struct Owed {
+    waiters: Waiters,
+    jobs: Vec<DueJob>,
+}
+
+impl Owed {
+    /// Nothing owed yet, to `waiters`.
+    pub fn new(waiters: Waiters) -> Self {
+        Owed {
+            waiters,
+            jobs: Vec::new(),
+        }
+    }
+
+    /// Adds the wake-ups a ticket held.
+    pub fn add(&mut self, jobs: Vec<DueJob>) {
+        self.jobs.extend(jobs);
+    }
+
+    /// Settles everything: a claim made after every owed wake-up found no
+    /// job, so the jobs they were for are gone.
+    pub fn settle_all(&mut self) {
+        self.jobs.clear();
+    }
+
+    /// Settles the wake-ups for jobs handed out, and passes on the rest now.
+    pub fn pass_on_all_but(mut self, handouts: &[HandOut]) {
+        self.jobs
+            .retain(|job| !handouts.iter().any(|handout| handout.job.id == job.id));
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.waiters.wake(std::mem::take(&mut self.jobs));
     }
 }
 
@@ -217,6 +324,14 @@ impl Drop for Ticket {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn due(id: JobId, name: &str, priority: Priority) -> DueJob {
+        DueJob {
+            id,
+            name: name.into(),
+            priority,
+        }
+    }
 
     fn glob(p: &str) -> Arc<NamePattern> {
         Arc::new(NamePattern::Glob(p.into()))
@@ -234,7 +349,7 @@ mod tests {
         let other = waiters.register(glob("Other*"), None, 1);
         let first = waiters.register(glob("*"), None, 1);
         let second = waiters.register(glob("*"), None, 1);
-        waiters.wake(&[("SendEmail".into(), Priority::DEFAULT)]);
+        waiters.wake(vec![due(1, "SendEmail", Priority::DEFAULT)]);
         assert!(!woken(&other).await);
         assert!(woken(&first).await);
         assert!(!woken(&second).await);
@@ -246,7 +361,7 @@ mod tests {
         let waiters = Waiters::default();
         let first = waiters.register(glob("*"), None, 1);
         let second = waiters.register(glob("*"), None, 1);
-        waiters.wake(&[("SendEmail".into(), Priority::DEFAULT)]);
+        waiters.wake(vec![due(1, "SendEmail", Priority::DEFAULT)]);
         drop(first);
         assert!(woken(&second).await);
     }
@@ -255,9 +370,9 @@ mod tests {
     async fn priority_filters_are_respected() {
         let waiters = Waiters::default();
         let high = waiters.register(glob("*"), Some(Priority::new(1000).unwrap()), 1);
-        waiters.wake(&[("a".into(), Priority::DEFAULT)]);
+        waiters.wake(vec![due(1, "a", Priority::DEFAULT)]);
         assert!(!woken(&high).await);
-        waiters.wake(&[("a".into(), Priority::new(1000).unwrap())]);
+        waiters.wake(vec![due(2, "a", Priority::new(1000).unwrap())]);
         assert!(woken(&high).await);
     }
 
@@ -267,9 +382,9 @@ mod tests {
         let many = waiters.register(glob("*"), None, 3);
         let next = waiters.register(glob("*"), None, 1);
         let jobs: Vec<_> = (0..3)
-            .map(|i| (format!("j{i}"), Priority::DEFAULT))
+            .map(|i| due(i, &format!("j{i}"), Priority::DEFAULT))
             .collect();
-        waiters.wake(&jobs);
+        waiters.wake(jobs);
         assert!(woken(&many).await);
         assert!(!woken(&next).await);
         assert_eq!(many.disarm().len(), 3);
@@ -284,9 +399,9 @@ mod tests {
             .map(|i| waiters.register(glob(&format!("only-{i}")), None, 1))
             .collect();
         let jobs: Vec<_> = (0..=MAX_DISTINCT_NAMES)
-            .map(|i| (format!("name-{i}"), Priority::DEFAULT))
+            .map(|i| due(i as JobId, &format!("name-{i}"), Priority::DEFAULT))
             .collect();
-        waiters.wake(&jobs);
+        waiters.wake(jobs);
         for ticket in &tickets {
             assert!(
                 woken(ticket).await,
@@ -302,12 +417,41 @@ mod tests {
         let a = waiters.register(glob("*"), None, 2);
         let b = waiters.register(glob("*"), None, 2);
         let c = waiters.register(glob("*"), None, 2);
-        let jobs: Vec<_> = (0..3)
-            .map(|_| ("same".to_string(), Priority::DEFAULT))
-            .collect();
-        waiters.wake(&jobs);
+        let jobs: Vec<_> = (0..3).map(|i| due(i, "same", Priority::DEFAULT)).collect();
+        waiters.wake(jobs);
         assert!(woken(&a).await && woken(&b).await && !woken(&c).await);
         assert_eq!(a.disarm().len(), 2);
         assert_eq!(b.disarm().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_names_its_job_and_a_drop_passes_on_exactly_those() {
+        let waiters = Waiters::default();
+        let first = waiters.register(glob("*"), None, 2);
+        let second = waiters.register(glob("*"), None, 2);
+        waiters.wake(vec![
+            due(7, "same", Priority::DEFAULT),
+            due(8, "same", Priority::DEFAULT),
+        ]);
+        drop(first);
+        assert!(woken(&second).await);
+        let ids: Vec<JobId> = second.disarm().iter().map(|job| job.id).collect();
+        assert_eq!(ids, vec![7, 8]);
+    }
+
+    #[tokio::test]
+    async fn owed_wake_ups_not_settled_are_passed_on_when_dropped() {
+        let waiters = Waiters::default();
+        let next = waiters.register(glob("*"), None, 1);
+        let mut owed = Owed::new(waiters.clone());
+        owed.add(vec![due(3, "x", Priority::DEFAULT)]);
+        owed.settle_all();
+        drop(owed);
+        assert!(!woken(&next).await, "a settled wake-up is not passed on");
+        let mut owed = Owed::new(waiters.clone());
+        owed.add(vec![due(4, "x", Priority::DEFAULT)]);
+        owed.pass_on_all_but(&[]);
+        assert!(woken(&next).await);
+        assert_eq!(next.disarm(), vec![due(4, "x", Priority::DEFAULT)]);
     }
 }

@@ -6,10 +6,13 @@
 //! transaction is durably committed. An operation that returns an error
 //! leaves nothing behind.
 
+mod file_lock;
 mod ledger;
+mod listing;
 mod schema;
 mod sqlite;
 mod sqlite_ledger;
+mod write_health;
 
 pub use ledger::{LedgerTx, PurgeLimits};
 
@@ -73,14 +76,14 @@ pub trait StoreTx {
         handed_out_by: Timestamp,
         limit: usize,
     ) -> Result<Vec<Job>, JobError>;
-    /// Names and priorities of up to `limit` jobs that became due in
+    /// Ids, names and priorities of up to `limit` jobs that became due in
     /// `(after, upto]`.
     fn due_between(
         &mut self,
         after: Timestamp,
         upto: Timestamp,
         limit: usize,
-    ) -> Result<Vec<(String, Priority)>, JobError>;
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError>;
     /// The earliest moment after `now` at which a job becomes due, or any
     /// running job's lease lapses (which may be already past).
     fn next_wakeup(&mut self, now: Timestamp) -> Result<Option<Timestamp>, JobError>;
@@ -90,6 +93,23 @@ pub trait StoreTx {
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError>;
     /// The ledger, in the same transaction.
     fn ledger(&mut self) -> &mut dyn LedgerTx;
+    /// The request fingerprint and job ids remembered for an idempotency
+    /// key, if it was used at or after `since`.
+    fn idempotent_answer(
+        &mut self,
+        key: &str,
+        since: Timestamp,
+    ) -> Result<Option<(String, Vec<JobId>)>, JobError>;
+    /// Remembers the answer to a key (replacing an expired one), and
+    /// forgets a bounded number of keys used before `expired_before`.
+    fn remember_answer(
+        &mut self,
+        key: &str,
+        fingerprint: &str,
+        ids: &[JobId],
+        now: Timestamp,
+        expired_before: Timestamp,
+    ) -> Result<(), JobError>;
 }
 
 /// Called once a write operation's transaction has ended: with `None` when it
@@ -109,6 +129,11 @@ pub trait Store: Send + Sync {
     fn submit(&self, op: WriteOp);
     /// Runs a read operation off the async runtime.
     fn submit_read(&self, op: ReadOp);
+    /// Why writes fail, while they do (a full disk, an I/O error): set by a
+    /// failed write, cleared by the next that commits a change.
+    fn write_failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A boxed future, for the helpers below.

@@ -132,6 +132,16 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (worker, hour)
     ) WITHOUT ROWID;
     CREATE INDEX worker_stats_hour ON worker_stats (hour);",
+    // 4: idempotency keys of creates: the first answer to a key, kept a
+    // day, so that a client retrying a create it lost the answer to gets
+    // that answer instead of duplicates.
+    "CREATE TABLE idempotency_keys (
+        key         TEXT    NOT NULL PRIMARY KEY,
+        fingerprint TEXT    NOT NULL,
+        job_ids     TEXT    NOT NULL,
+        created     INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX idempotency_keys_created ON idempotency_keys (created);",
 ];
 
 /// The schema version this build writes.

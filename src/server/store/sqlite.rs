@@ -12,6 +12,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use thiserror::Error;
 
+use super::write_health::WriteHealth;
 use super::{ListQuery, ReadOp, Reply, Store, StoreTx, WriteOp};
 use crate::protocol::{
     Data, Job, JobError, JobId, JobState, Lease, NamePattern, Priority, Timestamp,
@@ -57,6 +58,17 @@ pub enum StoreOpenError {
     /// The writer thread could not be started.
     #[error("cannot start the job store's writer thread: {0}")]
     Thread(std::io::Error),
+    /// Another server (or supervisor with an embedded server) has the file.
+    #[error(
+        "the job store {path} is in use by another jobmgr server{}; two servers on one file miss each other's wake-ups, so stop that one or pass another --db",
+        holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default()
+    )]
+    InUse {
+        /// The store's file.
+        path: PathBuf,
+        /// The pid holding it, when its lock file says.
+        holder: Option<u32>,
+    },
     /// The file was written by a newer jobmgr.
     #[error(
         "the job store's schema is version {found}, newer than this jobmgr supports ({supported}); upgrade jobmgr or use another --db"
@@ -72,9 +84,12 @@ pub enum StoreOpenError {
 /// Jobs in one SQLite file.
 pub struct SqliteStore {
     path: PathBuf,
+    /// This server's claim on the file, released by [`SqliteStore::close`].
+    lock: Mutex<Option<super::file_lock::StoreLock>>,
     writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    health: WriteHealth,
 }
 
 impl SqliteStore {
@@ -87,6 +102,7 @@ impl SqliteStore {
                 source,
             })?;
         }
+        let lock = super::file_lock::StoreLock::acquire(path)?;
         create_private(path).map_err(|source| StoreOpenError::File {
             path: path.to_path_buf(),
             source,
@@ -102,17 +118,21 @@ impl SqliteStore {
         super::schema::migrate(&mut conn)?;
 
         let (sender, receiver) = mpsc::channel::<WriteOp>();
+        let health = WriteHealth::default();
+        let writer_health = health.clone();
         let thread = std::thread::Builder::new()
             .name("jobmgr-store".into())
-            .spawn(move || write_loop(conn, receiver))
+            .spawn(move || write_loop(conn, receiver, &writer_health))
             .map_err(|e| {
                 StoreOpenError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
             })?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
+            lock: Mutex::new(Some(lock)),
             writer: Mutex::new(Some(sender)),
             writer_thread: Mutex::new(Some(thread)),
             readers: Arc::new(Mutex::new(Vec::new())),
+            health,
         })
     }
 
@@ -133,6 +153,7 @@ impl SqliteStore {
         {
             let _ = thread.join();
         }
+        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -143,6 +164,10 @@ impl Drop for SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn write_failure(&self) -> Option<String> {
+        self.health.failure()
+    }
+
     fn submit(&self, op: WriteOp) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         match writer.as_ref() {
@@ -224,7 +249,7 @@ fn refuse(op: WriteOp, error: JobError) {
 /// The writer thread: takes every queued operation (up to [`MAX_GROUP`]),
 /// runs each in a savepoint of one transaction, commits once, then answers
 /// them all. Answers wait for the commit, so an acknowledged write is durable.
-fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>) {
+fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>, health: &WriteHealth) {
     while let Ok(first) = receiver.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -233,15 +258,22 @@ fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>) {
                 Err(_) => break,
             }
         }
-        run_group(&conn, group);
+        run_group(&conn, group, health);
     }
     tracing::debug!("job store writer stopped");
 }
 
-fn run_group(conn: &Connection, group: Vec<WriteOp>) {
+fn run_group(conn: &Connection, group: Vec<WriteOp>, health: &WriteHealth) {
     let mut waiting: std::collections::VecDeque<WriteOp> = group.into();
     while !waiting.is_empty() {
-        run_transaction(conn, &mut waiting);
+        match run_transaction(conn, &mut waiting) {
+            Ok(false) => {}
+            Ok(true) => health.committed(),
+            Err(reason) => health.failed(reason),
+        }
+        if let Some(reason) = super::write_health::take_noted() {
+            health.failed(reason);
+        }
     }
 }
 
@@ -249,14 +281,20 @@ fn run_group(conn: &Connection, group: Vec<WriteOp>) {
 /// answers them after the commit. If SQLite ends the transaction on its own
 /// (it rolls back on I/O errors and a full disk), the operations run so far
 /// are answered with the error and the rest are left for a new transaction,
-/// so nothing ever runs outside a transaction.
-fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<WriteOp>) {
+/// so nothing ever runs outside a transaction. Returns whether a change was
+/// committed, or why the transaction failed.
+fn run_transaction(
+    conn: &Connection,
+    waiting: &mut std::collections::VecDeque<WriteOp>,
+) -> Result<bool, String> {
+    let changes_before = conn.total_changes();
+    let mut kept_any = false;
     if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
         let error = store_error(error);
         for op in waiting.drain(..) {
             refuse(op, error.clone());
         }
-        return;
+        return Err(error.to_string());
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
     while let Some(op) = waiting.pop_front() {
@@ -266,6 +304,7 @@ fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<W
         }
         let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut SqliteTx { conn })));
         let keep = matches!(outcome, Ok((true, _)));
+        kept_any |= keep;
         let ended = if keep {
             conn.execute_batch("RELEASE op")
         } else {
@@ -288,14 +327,17 @@ fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<W
             replies
                 .into_iter()
                 .for_each(|reply| reply(Some(error.clone())));
-            return;
+            return Err(error.to_string());
         }
     }
     let committing = std::time::Instant::now();
     let committed = conn.execute_batch("COMMIT");
     crate::metrics::commit(committing.elapsed().as_secs_f64());
     match committed {
-        Ok(()) => replies.into_iter().for_each(|reply| reply(None)),
+        Ok(()) => {
+            replies.into_iter().for_each(|reply| reply(None));
+            Ok(kept_any && conn.total_changes() > changes_before)
+        }
         Err(error) => {
             let _ = conn.execute_batch("ROLLBACK");
             let error = store_error(error);
@@ -303,11 +345,13 @@ fn run_transaction(conn: &Connection, waiting: &mut std::collections::VecDeque<W
             replies
                 .into_iter()
                 .for_each(|reply| reply(Some(error.clone())));
+            Err(error.to_string())
         }
     }
 }
 
 pub(super) fn store_error(error: rusqlite::Error) -> JobError {
+    super::write_health::note(&error);
     JobError::Store(error.to_string())
 }
 
@@ -353,13 +397,30 @@ impl StoreTx for FailingTx {
         _: Timestamp,
         _: Timestamp,
         _: usize,
-    ) -> Result<Vec<(String, Priority)>, JobError> {
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError> {
         Err(self.0.clone())
     }
     fn next_wakeup(&mut self, _: Timestamp) -> Result<Option<Timestamp>, JobError> {
         Err(self.0.clone())
     }
     fn list(&mut self, _: &ListQuery) -> Result<Vec<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn idempotent_answer(
+        &mut self,
+        _: &str,
+        _: Timestamp,
+    ) -> Result<Option<(String, Vec<JobId>)>, JobError> {
+        Err(self.0.clone())
+    }
+    fn remember_answer(
+        &mut self,
+        _: &str,
+        _: &str,
+        _: &[JobId],
+        _: Timestamp,
+        _: Timestamp,
+    ) -> Result<(), JobError> {
         Err(self.0.clone())
     }
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
@@ -604,18 +665,18 @@ impl StoreTx for SqliteTx<'_> {
         after: Timestamp,
         upto: Timestamp,
         limit: usize,
-    ) -> Result<Vec<(String, Priority)>, JobError> {
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError> {
         let mut statement = self
             .conn
             .prepare_cached(&format!(
-                "SELECT name, priority FROM jobs WHERE {READY} AND next_run > ?1 AND next_run <= ?2 \
+                "SELECT job_id, name, priority FROM jobs WHERE {READY} AND next_run > ?1 AND next_run <= ?2 \
                  ORDER BY next_run LIMIT ?3"
             ))
             .map_err(store_error)?;
         let rows = statement
             .query_map(params![after.0, upto.0, limit as i64], |row| {
-                let priority = Priority::new(row.get(1)?).map_err(|e| conversion(1, e))?;
-                Ok((row.get::<_, String>(0)?, priority))
+                let priority = Priority::new(row.get(2)?).map_err(|e| conversion(2, e))?;
+                Ok((row.get(0)?, row.get::<_, String>(1)?, priority))
             })
             .map_err(store_error)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
@@ -638,33 +699,59 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError> {
-        // Filter by pattern in Rust: a listing is for people, not the hot path.
-        let state = query.state.map(|s| s.as_str());
-        let mut out = Vec::new();
-        let mut after = query.after_id.unwrap_or(0);
-        let page = query.limit.clamp(1, 1000);
-        loop {
-            let batch = self.query_jobs(
-                &format!(
-                    "SELECT {COLUMNS} FROM jobs WHERE job_id > ?1 AND (?2 IS NULL OR state = ?2) \
-                     ORDER BY job_id LIMIT ?3"
-                ),
-                params![after, state, page as i64],
-            )?;
-            let exhausted = batch.len() < page;
-            for job in batch {
-                after = job.id;
-                if query.pattern.as_ref().is_none_or(|p| p.matches(&job.name)) {
-                    out.push(job);
-                    if out.len() >= query.limit {
-                        return Ok(out);
-                    }
-                }
-            }
-            if exhausted {
-                return Ok(out);
-            }
-        }
+        let (sql, params) = super::listing::list_sql(COLUMNS, query);
+        self.query_jobs(&sql, rusqlite::params_from_iter(params))
+    }
+
+    fn idempotent_answer(
+        &mut self,
+        key: &str,
+        since: Timestamp,
+    ) -> Result<Option<(String, Vec<JobId>)>, JobError> {
+        let found: Option<(String, String)> = self
+            .conn
+            .prepare_cached(
+                "SELECT fingerprint, job_ids FROM idempotency_keys WHERE key = ?1 AND created >= ?2",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row(params![key, since.0], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map_err(store_error)?;
+        found
+            .map(|(fingerprint, ids)| {
+                let ids: Vec<JobId> =
+                    serde_json::from_str(&ids).map_err(|e| JobError::Store(e.to_string()))?;
+                Ok((fingerprint, ids))
+            })
+            .transpose()
+    }
+
+    fn remember_answer(
+        &mut self,
+        key: &str,
+        fingerprint: &str,
+        ids: &[JobId],
+        now: Timestamp,
+        expired_before: Timestamp,
+    ) -> Result<(), JobError> {
+        let ids = serde_json::to_string(ids).map_err(|e| JobError::Store(e.to_string()))?;
+        self.conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO idempotency_keys (key, fingerprint, job_ids, created) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut statement| statement.execute(params![key, fingerprint, ids, now.0]))
+            .map_err(store_error)?;
+        self.conn
+            .prepare_cached(
+                "DELETE FROM idempotency_keys WHERE key IN (SELECT key FROM idempotency_keys \
+                 WHERE created < ?1 ORDER BY created LIMIT 100)",
+            )
+            .and_then(|mut statement| statement.execute(params![expired_before.0]))
+            .map_err(store_error)?;
+        Ok(())
     }
 
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {

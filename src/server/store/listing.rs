@@ -1,0 +1,199 @@
+//! The SQL of a job listing (`GET /jobs`, `jobmgr job list`): the name
+//! pattern is turned into conditions the `jobs_name` index answers, so that
+//! a pattern matching nothing costs an index probe, not a scan of the table.
+//!
+//! - an exact name (a GLOB without wildcards) is an equality;
+//! - a GLOB with a literal prefix (`SendEmail*`, `www-prod/?x`) is a range on
+//!   that prefix, with the GLOB itself checked on the rows in range;
+//! - a list of names is `IN (…)`;
+//! - a GLOB that starts with a wildcard (`*Email`) needs the scan.
+
+use rusqlite::types::Value;
+
+use super::ListQuery;
+use crate::protocol::NamePattern;
+
+/// The characters that make a GLOB more than a literal.
+const WILDCARDS: [char; 3] = ['*', '?', '['];
+
+/// The SQL and parameters listing `query`, in id order.
+pub(super) fn list_sql(columns: &str, query: &ListQuery) -> (String, Vec<Value>) {
+    let mut params: Vec<Value> = vec![
+        Value::Integer(query.after_id.unwrap_or(0)),
+        query
+            .state
+            .map_or(Value::Null, |s| Value::Text(s.as_str().to_string())),
+        Value::Integer(query.limit.max(1) as i64),
+    ];
+    let (index, name) = match &query.pattern {
+        None => ("", String::new()),
+        Some(NamePattern::List(names)) => {
+            let marks: Vec<String> = names
+                .iter()
+                .map(|name| {
+                    params.push(Value::Text(name.clone()));
+                    format!("?{}", params.len())
+                })
+                .collect();
+            (
+                "INDEXED BY jobs_name",
+                format!("name IN ({}) AND ", marks.join(", ")),
+            )
+        }
+        Some(NamePattern::Glob(glob)) => {
+            let prefix: &str = glob.split(WILDCARDS).next().unwrap_or_default();
+            if prefix.len() == glob.len() {
+                params.push(Value::Text(glob.clone()));
+                (
+                    "INDEXED BY jobs_name",
+                    format!("name = ?{} AND ", params.len()),
+                )
+            } else if prefix.is_empty() {
+                params.push(Value::Text(glob.clone()));
+                ("", format!("name GLOB ?{} AND ", params.len()))
+            } else {
+                params.push(Value::Text(glob.clone()));
+                let glob_mark = params.len();
+                params.push(Value::Text(prefix.to_string()));
+                let mut range = format!("name >= ?{} AND ", params.len());
+                if let Some(end) = after_prefix(prefix) {
+                    params.push(Value::Text(end));
+                    range.push_str(&format!("name < ?{} AND ", params.len()));
+                }
+                (
+                    "INDEXED BY jobs_name",
+                    format!("{range}name GLOB ?{glob_mark} AND "),
+                )
+            }
+        }
+    };
+    let sql = format!(
+        "SELECT {columns} FROM jobs {index} WHERE {name}job_id > ?1 AND (?2 IS NULL OR state = ?2) \
+         ORDER BY job_id LIMIT ?3"
+    );
+    (sql, params)
+}
+
+/// The least string greater than every string starting with `prefix` (its
+/// last character incremented), if there is one.
+fn after_prefix(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let mut next = last as u32 + 1;
+        while next <= char::MAX as u32 {
+            if let Some(c) = char::from_u32(next) {
+                chars.push(c);
+                return Some(chars.into_iter().collect());
+            }
+            next += 1;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{CreateJob, JobState};
+    use crate::server::store::SqliteStore;
+    use rusqlite::Connection;
+
+    fn plan(conn: &Connection, query: &ListQuery) -> String {
+        let (sql, params) = list_sql("job_id", query);
+        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = statement
+            .query_map(rusqlite::params_from_iter(params), |row| {
+                row.get::<_, String>(3)
+            })
+            .unwrap();
+        rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+    }
+
+    fn glob(pattern: &str) -> ListQuery {
+        ListQuery {
+            pattern: Some(NamePattern::Glob(pattern.into())),
+            limit: 100,
+            ..ListQuery::default()
+        }
+    }
+
+    #[test]
+    fn get_jobs_with_a_pattern_that_matches_nothing_scans_the_whole_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        for query in [
+            glob("NoSuchJob"),
+            glob("NoSuch*"),
+            glob("www-prod/?x"),
+            ListQuery {
+                pattern: Some(NamePattern::List(vec!["a".into(), "b".into()])),
+                limit: 10,
+                state: Some(JobState::Queued),
+                ..ListQuery::default()
+            },
+        ] {
+            let plan = plan(&conn, &query);
+            assert!(
+                plan.contains("USING INDEX jobs_name")
+                    || plan.contains("USING COVERING INDEX jobs_name"),
+                "{query:?}: {plan}"
+            );
+            assert!(!plan.contains("SCAN jobs"), "{query:?}: {plan}");
+        }
+    }
+
+    #[tokio::test]
+    async fn listings_by_pattern_find_exactly_the_matching_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: std::sync::Arc<dyn crate::server::store::Store> =
+            std::sync::Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
+        let queue = crate::server::queue::Queue::start(store, Default::default());
+        queue.ready().await;
+        for name in [
+            "Send",
+            "SendEmail",
+            "SendFax",
+            "Senc",
+            "Sf",
+            "x/Send",
+            "Send\u{10FFFF}x",
+        ] {
+            queue.create(CreateJob::named(name)).await.unwrap();
+        }
+        let names =
+            |jobs: Vec<crate::protocol::Job>| jobs.into_iter().map(|j| j.name).collect::<Vec<_>>();
+        assert_eq!(names(queue.list(glob("Send")).await.unwrap()), ["Send"]);
+        assert_eq!(
+            names(queue.list(glob("Send*")).await.unwrap()),
+            ["Send", "SendEmail", "SendFax", "Send\u{10FFFF}x"]
+        );
+        assert_eq!(
+            names(queue.list(glob("Send?ma*")).await.unwrap()),
+            ["SendEmail"]
+        );
+        assert_eq!(
+            names(queue.list(glob("*Send")).await.unwrap()),
+            ["Send", "x/Send"]
+        );
+        assert!(queue.list(glob("Nothing*")).await.unwrap().is_empty());
+        let mut paged = glob("Send*");
+        paged.limit = 2;
+        paged.after_id = Some(1);
+        assert_eq!(
+            names(queue.list(paged).await.unwrap()),
+            ["SendEmail", "SendFax"]
+        );
+        queue.shutdown();
+        queue.settle().await;
+    }
+
+    #[test]
+    fn the_end_of_a_prefix_range_is_its_last_character_incremented() {
+        assert_eq!(after_prefix("ab").as_deref(), Some("ac"));
+        assert_eq!(after_prefix("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(after_prefix("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(after_prefix("\u{10FFFF}"), None);
+    }
+}

@@ -1,0 +1,86 @@
+//! `/healthz` reflects whether the store can write. The failure is real: as
+//! root, the server runs in a private mount namespace whose store lives on a
+//! 1 MiB tmpfs, which the test fills until SQLite reports a full disk.
+
+use std::process::{Child, Command, Stdio};
+
+use serde_json::json;
+
+use crate::common::*;
+
+/// Our child, killed and reaped by its handle however the test ends.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn healthz_says_ok_while_every_write_fails_with_enospc() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stderr_path = dir.path().join("stderr");
+    let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+    let mount = dir.path().join("tiny");
+    std::fs::create_dir(&mount).expect("mount point");
+    // The tmpfs is mounted in the server's own mount namespace: it goes away
+    // with the server, and nothing outside sees it.
+    let child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount -t tmpfs -o size=1m tmpfs \"$1\" && exec \"$2\" server --db \"$1/jobs.db\" \
+             --http 127.0.0.1:0 --bedrock none",
+        )
+        .args(["sh", mount.to_str().expect("utf-8"), bin()])
+        .env("JOBMGR_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn unshare");
+    let mut child = Reaped(child);
+    let line = ready_line(&mut child.0).unwrap_or_else(|_| {
+        panic!(
+            "the server on a tmpfs did not become ready; stderr:\n{}",
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        )
+    });
+    let url = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap_or_else(|| panic!("no http= in {line:?}"));
+    let api = Api::new(url);
+    let (status, health) = api.get("/healthz");
+    assert_eq!((status, &health["status"]), (200, &json!("ok")), "{health}");
+
+    // 1 MiB of tmpfs holds a few dozen 64 KiB jobs at most.
+    let payload = "x".repeat(64 * 1024);
+    let mut refused = None;
+    for i in 0..200 {
+        let (status, answer) = api.post(
+            "/jobs",
+            json!({"name": "fill", "data": {"i": i, "pad": payload}}),
+        );
+        if status != 200 {
+            refused = Some((status, answer));
+            break;
+        }
+    }
+    let (status, answer) = refused.expect("a 1 MiB store refused a write");
+    assert!(status >= 500, "{status} {answer}");
+
+    let (status, health) = api.get("/healthz");
+    assert_eq!(status, 503, "healthz while writes fail: {health}");
+    assert_eq!(health["status"], "failing", "{health}");
+    let reason = health["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("full"),
+        "the reason names the full disk: {health}"
+    );
+}

@@ -1,0 +1,200 @@
+//! Randomized stress of blocked GetJob against concurrent creates, on the
+//! queue over a real SQLite file: no job may stay QUEUED while a waiter that
+//! could take it sleeps.
+//!
+//! "Stranded" is decided without timing: every waiter waits an hour, and in
+//! each round there are at least as many sleeping catch-all waiters as jobs
+//! not yet taken, so every created job must be handed out. A lost wake-up
+//! leaves its job QUEUED beside sleeping waiters until the round's (generous)
+//! deadline, and is counted.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use jobmgr::protocol::view::HandOut;
+use jobmgr::protocol::{CreateJob, GetJobs, JobId, JobState, LeaseTerm, NamePattern, Priority};
+use jobmgr::server::queue::{Queue, QueueConfig};
+use jobmgr::server::store::SqliteStore;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Rounds per run (`WAKE_UPS_ROUNDS` overrides): each takes milliseconds.
+const ROUNDS: usize = 600;
+/// How long a round may take before its QUEUED jobs count as stranded:
+/// rounds take milliseconds.
+const ROUND_DEADLINE: Duration = Duration::from_secs(10);
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn pick<'a, T>(rng: &mut StdRng, items: &'a [T]) -> &'a T {
+    &items[rng.random_range(0..items.len())]
+}
+
+/// A waiter's request, at random: a pattern within the round, a batch size,
+/// and sometimes a priority filter.
+fn random_request(rng: &mut StdRng, round: usize, catch_all: bool) -> GetJobs {
+    let pattern = if catch_all {
+        NamePattern::Glob(format!("r{round}-*"))
+    } else {
+        match rng.random_range(0..3) {
+            0 => NamePattern::Glob(format!("r{round}-a*")),
+            1 => NamePattern::Glob(format!("r{round}-b1")),
+            _ => NamePattern::List(vec![format!("r{round}-a1"), format!("r{round}-b1")]),
+        }
+    };
+    let priority = if catch_all || rng.random_bool(0.5) {
+        None
+    } else {
+        Some(*pick(
+            rng,
+            &[Priority::DEFAULT, Priority::new(1000).unwrap()],
+        ))
+    };
+    GetJobs {
+        pattern,
+        num_results: rng.random_range(1..=3),
+        priority,
+        lease: LeaseTerm::Millis(600_000),
+        worker: None,
+    }
+}
+
+/// Waits once, up to an hour (or, for a waiter that drops early, a moment),
+/// and records what it was handed.
+async fn wait_once(
+    queue: Queue,
+    request: GetJobs,
+    drop_after: Option<Duration>,
+    taken: Arc<Mutex<HashSet<JobId>>>,
+) {
+    let get = queue.get_jobs(request, Some(HOUR));
+    let answer: Result<Vec<HandOut>, _> = match drop_after {
+        Some(after) => match tokio::time::timeout(after, get).await {
+            Ok(answer) => answer,
+            // Dropped mid-wait or mid-claim: what it took is put back.
+            Err(_) => return,
+        },
+        None => get.await,
+    };
+    let handouts = answer.expect("GetJob answered");
+    let mut taken = taken.lock().unwrap();
+    for handout in handouts {
+        assert!(
+            taken.insert(handout.job.id),
+            "job {} handed out twice",
+            handout.job.id
+        );
+    }
+}
+
+/// One round: waiters and creates race; returns the jobs still QUEUED when
+/// the round's deadline passed.
+async fn round(queue: &Queue, round: usize, rng: &mut StdRng) -> Vec<JobId> {
+    // Small rounds: a lost wake-up needs a waiter that registered behind a
+    // re-registered one, which a long line of sleepers ahead would prevent.
+    let jobs = rng.random_range(1..=3);
+    let taken = Arc::new(Mutex::new(HashSet::new()));
+    let mut waiters = Vec::new();
+    let mut creates = Vec::new();
+    let extras = rng.random_range(0..=1);
+    let droppers = rng.random_range(0..=1);
+    // Catch-alls first or interleaved with the rest, at random.
+    let mut kinds: Vec<u8> = std::iter::repeat_n(0, jobs)
+        .chain(std::iter::repeat_n(1, extras))
+        .chain(std::iter::repeat_n(2, droppers))
+        .chain(std::iter::repeat_n(3, jobs))
+        .collect();
+    for i in (1..kinds.len()).rev() {
+        kinds.swap(i, rng.random_range(0..=i));
+    }
+    for kind in kinds {
+        // Arrivals spread out a little, so that waiters re-register behind
+        // newcomers while creates commit.
+        for _ in 0..rng.random_range(0..4) {
+            tokio::task::yield_now().await;
+        }
+        let queue = queue.clone();
+        let seed: u64 = rng.random();
+        let taken = Arc::clone(&taken);
+        match kind {
+            3 => creates.push(tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(seed);
+                for _ in 0..rng.random_range(0..3) {
+                    tokio::task::yield_now().await;
+                }
+                let name = format!("r{round}-{}", pick(&mut rng, &["a1", "a2", "b1"]));
+                let mut job = CreateJob::named(name);
+                job.priority = Some(*pick(
+                    &mut rng,
+                    &[Priority::DEFAULT, Priority::new(1000).unwrap()],
+                ));
+                queue.create(job).await.expect("job created")
+            })),
+            kind => waiters.push(tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let request = random_request(&mut rng, round, kind == 0);
+                let drop_after =
+                    (kind == 2).then(|| Duration::from_micros(rng.random_range(0..3000)));
+                wait_once(queue, request, drop_after, taken).await
+            })),
+        }
+    }
+    let mut created = Vec::new();
+    for create in creates {
+        created.push(create.await.expect("create task"));
+    }
+    let started = Instant::now();
+    while taken.lock().unwrap().len() < created.len() && started.elapsed() < ROUND_DEADLINE {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut stranded = Vec::new();
+    for id in &created {
+        if queue.query(*id).await.expect("job exists").state == JobState::Queued {
+            stranded.push(*id);
+        }
+    }
+    for waiter in waiters {
+        waiter.abort();
+        let _ = waiter.await;
+    }
+    stranded
+}
+
+#[test]
+fn a_blocked_getjob_never_misses_its_wake_up_under_concurrent_creates() {
+    let seed: u64 = std::env::var("WAKE_UPS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("wake-ups stress seed {seed} (set WAKE_UPS_SEED to replay)");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(async {
+        let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
+        let queue = Queue::start(store.clone(), QueueConfig::default());
+        queue.ready().await;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut stranded = Vec::new();
+        let rounds = std::env::var("WAKE_UPS_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(ROUNDS);
+        for r in 0..rounds {
+            let left = round(&queue, r, &mut rng).await;
+            if !left.is_empty() {
+                stranded.push((r, left));
+            }
+        }
+        queue.shutdown();
+        queue.settle().await;
+        store.close();
+        assert!(
+            stranded.is_empty(),
+            "jobs left QUEUED beside sleeping waiters (round, ids): {stranded:?}; seed {seed}"
+        );
+    });
+}
