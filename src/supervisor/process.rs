@@ -178,7 +178,15 @@ pub async fn run(
     kill_group(pid, Signal::SIGKILL);
     kill_tree(tree.as_ref()).await;
     writer.abort();
-    progress_task.abort();
+    // Progress written just before the end still counts: read fd 3 to its
+    // end (the group is dead), as briefly as the output.
+    let mut progress_task = progress_task;
+    if tokio::time::timeout(Duration::from_secs(2), &mut progress_task)
+        .await
+        .is_err()
+    {
+        progress_task.abort();
+    }
     let stdout = collect(stdout, &stdout_capture).await;
     let stderr = collect(stderr, &stderr_capture).await;
     let ending = ending.inspect_err(|error| {
