@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::source::{JobSource, LeasedJob, Report, SourceError};
+use super::source::{JobSource, LeasedJob, Report, SourceError, read_handouts, refuse_unreadable};
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
     RetryJob, RunFacts, UpdateJob, WorkerInfo,
@@ -51,10 +51,13 @@ impl LocalSource {
         };
         let wait = (!wait.is_zero()).then_some(wait);
         let handouts = self.queue.get_jobs(cmd, wait).await.map_err(source_error)?;
-        handouts
-            .into_iter()
-            .map(|h| LeasedJob::from_handout(h.leased_json()))
-            .collect()
+        let (jobs, unreadable) = read_handouts(
+            handouts
+                .into_iter()
+                .map(|h| serde_json::Value::Object(h.leased_json())),
+        );
+        refuse_unreadable(self, unreadable).await;
+        Ok(jobs)
     }
 }
 
