@@ -12,6 +12,7 @@ mod commands;
 mod config;
 mod crash;
 mod edges;
+mod handback;
 mod hostile;
 mod hostile_workers;
 mod leases;
