@@ -454,6 +454,91 @@ mod tests {
     }
 
     #[test]
+    fn reports_start_from_the_workers_progress() {
+        let mut data = Data::new();
+        data.insert("step".into(), json!(2));
+        let progressed = |data| JobFacts {
+            data,
+            progressed: true,
+            attempt: 2,
+            repeats: false,
+        };
+        // Progress not yet sent goes with the finish.
+        let d = decide(
+            &finished(Ending::Exited(0), ""),
+            progressed(&data),
+            &policy(),
+            false,
+            false,
+        );
+        assert_eq!(
+            d.report,
+            Some(Report::Finish {
+                data: Some(data.clone())
+            })
+        );
+        // After an earlier failure: the progress stays, the details go.
+        let mut with_details = data.clone();
+        with_details.insert(DETAILS_KEY.into(), json!({"attempt": 1}));
+        let d = decide(
+            &finished(Ending::Exited(0), ""),
+            progressed(&with_details),
+            &policy(),
+            false,
+            false,
+        );
+        assert_eq!(
+            d.report,
+            Some(Report::Finish {
+                data: Some(data.clone())
+            })
+        );
+        // Stdout's last line still wins.
+        let d = decide(
+            &finished(Ending::Exited(0), "{\"n\":1}\n"),
+            progressed(&with_details),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Finish { data: Some(sent) }) = d.report else {
+            panic!("{d:?}")
+        };
+        assert_eq!(Value::Object(sent), json!({"n": 1}));
+        // A failure keeps the progress beside its details.
+        let d = decide(
+            &finished(Ending::Exited(3), ""),
+            progressed(&with_details),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Retry {
+            data: Some(sent), ..
+        }) = d.report
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(sent["step"], 2);
+        assert_eq!(sent[DETAILS_KEY]["attempt"], 2);
+        // So does a drain's hand-back.
+        let d = decide(
+            &finished(Ending::Stopped, ""),
+            progressed(&data),
+            &policy(),
+            false,
+            true,
+        );
+        let Some(Report::Retry {
+            data: Some(sent), ..
+        }) = d.report
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(sent, data);
+    }
+
+    #[test]
     fn failures_retry_until_the_attempts_run_out() {
         let empty = Data::new();
         let d = decide(
