@@ -247,7 +247,8 @@ impl JobTask {
         };
         // Off the async threads: a worker may leave a large tree.
         scratch.remove().await;
-        let mut finished = finished.map_err(|e| not_started(&e, "cannot start the worker"))?;
+        let mut finished =
+            finished.map_err(|e| not_started(&e, "cannot start or wait for the worker"))?;
         finished.oom = oom;
         if finished.killed {
             crate::metrics::kill_escalated();

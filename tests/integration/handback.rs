@@ -123,7 +123,8 @@ enum Relay {
     Spoil,
 }
 
-/// A one-request-per-upstream-connection HTTP/1.1 relay on 127.0.0.1:0.
+/// A one-request-per-upstream-connection HTTP/1.1 relay on 127.0.0.1:0;
+/// it stops accepting when dropped.
 struct Proxy {
     url: String,
     state: Arc<RelayState>,
@@ -133,6 +134,18 @@ struct Proxy {
 struct RelayState {
     seen: Mutex<Seen>,
     changed: Condvar,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.release();
+        self.state
+            .stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accepting thread, which then sees the flag.
+        let _ = TcpStream::connect(self.url.trim_start_matches("http://"));
+    }
 }
 
 #[derive(Default)]
@@ -151,9 +164,12 @@ impl Proxy {
         let state = Arc::new(RelayState::default());
         let shared = Arc::clone(&state);
         let upstream = upstream.to_string();
-        // The threads end with the test binary, or when their peers close.
+        // Connection threads end when their peers close.
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
+                if shared.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
                 let state = Arc::clone(&shared);
                 let upstream = upstream.clone();
                 std::thread::spawn(move || relay_connection(client, &upstream, relay, &state));
