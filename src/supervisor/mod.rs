@@ -616,9 +616,18 @@ impl Supervisor {
                 "waiting for the fetch in flight to answer, to hand back any jobs it brings"
             );
         }
+        // Bounded: a fetch answers within its poll wait; one that does not
+        // (a hung server) does not hold the exit up for long.
+        let fetch_deadline = tokio::time::sleep(self.settings().poll_wait + FETCH_MARGIN);
+        tokio::pin!(fetch_deadline);
         while !abandoned.is_empty() {
             tokio::select! {
                 _ = abandoned.join_next() => {}
+                _ = &mut fetch_deadline => {
+                    tracing::warn!("the fetch in flight did not answer in time; jobs it brings return when their lease lapses");
+                    abandoned.abort_all();
+                    break;
+                }
                 message = control.recv(), if control_open => match message {
                     Some(Control::StopNow) | Some(Control::Drain) => {
                         tracing::warn!("asked again: not waiting for the fetch in flight; jobs it brings return when their lease lapses");
@@ -705,6 +714,9 @@ impl Supervisor {
         }
     }
 }
+
+/// How long past its poll wait a drain waits for an abandoned fetch.
+const FETCH_MARGIN: Duration = Duration::from_secs(5);
 
 /// Waits for an abandoned fetch's answer and hands back every job it
 /// brings (RetryJob at once under its lease, its repeat ignored, as a drain
