@@ -56,7 +56,13 @@ impl LocalSource {
                 .into_iter()
                 .map(|h| serde_json::Value::Object(h.leased_json())),
         );
-        refuse_unreadable(self, unreadable).await;
+        // In a task of its own: this fetch may be cancelled once it returns
+        // (see `fetch_is_cancel_safe`), so it has no await left after the
+        // claim.
+        if !unreadable.is_empty() {
+            let source = self.clone();
+            tokio::spawn(async move { refuse_unreadable(&source, unreadable).await });
+        }
         Ok(jobs)
     }
 }
@@ -197,6 +203,11 @@ impl JobSource for LocalSource {
 
     fn delete<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move { self.queue.delete(id).await.map_err(source_error) })
+    }
+
+    fn fetch_is_cancel_safe(&self) -> bool {
+        // The queue puts back what a cancelled claim took.
+        true
     }
 
     fn describe(&self) -> String {

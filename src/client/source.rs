@@ -345,6 +345,15 @@ pub trait JobSource: Send + Sync {
         })
     }
 
+    /// Whether a fetch in flight can be cancelled without stranding jobs:
+    /// true where cancelling it puts back whatever it had taken (in-process,
+    /// where the queue does). Over a network it is false: an answer already
+    /// on the wire would be lost with the fetch, so the supervisor lets an
+    /// abandoned fetch end and hands its jobs back.
+    fn fetch_is_cancel_safe(&self) -> bool {
+        false
+    }
+
     /// Whether the last [`JobSource::get_jobs`] showed the server blocking or
     /// answering at once.
     fn fetch_mode(&self) -> FetchMode {

@@ -506,14 +506,14 @@ impl Supervisor {
                             restart_schedule(&mut scheduler, &self.source, self.settings());
                             continue;
                         }
-                        abandoned.spawn(hand_back_when_answered(Arc::clone(&self.source), fetch));
+                        abandoned.spawn(self.abandon(fetch));
                         if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
                             break 'fetching exit;
                         }
                         continue 'fetching;
                     }
                     _ = version_changed.notified() => {
-                        abandoned.spawn(hand_back_when_answered(Arc::clone(&self.source), fetch));
+                        abandoned.spawn(self.abandon(fetch));
                         break 'fetching Exit::VersionChanged;
                     }
                 }
@@ -653,6 +653,18 @@ impl Supervisor {
         let _ = courier.await;
         tracing::info!(reason = ?exit, jobs_started = started, "supervisor stopped");
         Ok(exit)
+    }
+
+    /// Stops waiting for a fetch: cancels it where that strands nothing,
+    /// and in any case hands back whatever jobs it still brings.
+    fn abandon(
+        &self,
+        fetch: tokio::task::JoinHandle<Result<Vec<LeasedJob>, SourceError>>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        if self.source.fetch_is_cancel_safe() {
+            fetch.abort();
+        }
+        hand_back_when_answered(Arc::clone(&self.source), fetch)
     }
 
     /// Handles a control message while fetching; `Some` means "drain now".
