@@ -363,3 +363,42 @@ pub trait JobSource: Send + Sync {
     /// A short description for logs, e.g. `http://127.0.0.1:8889`.
     fn describe(&self) -> String;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn one_unreadable_handout_leaves_the_rest_of_its_batch_readable() {
+        let batch = vec![
+            json!({"jobID": 1, "name": "A", "data": {"n": 1}, "lease": "t1"}),
+            json!({"jobID": 2, "name": "B", "data": [1, 2], "lease": "t2"}),
+            json!({"jobID": "x", "name": "C", "data": {}}),
+            json!("not an object"),
+            json!({"jobID": "4", "name": "D", "data": "{\"n\":4}"}),
+            json!({"jobID": 5, "name": "E", "data": "{not json"}),
+        ];
+        let (jobs, unreadable) = read_handouts(batch);
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+        assert_eq!(ids, vec![1, 4]);
+        assert_eq!(jobs[1].data["n"], 4);
+        let named: Vec<(Option<JobId>, Option<&str>)> = unreadable
+            .iter()
+            .map(|u| (u.id, u.lease.as_deref()))
+            .collect();
+        assert_eq!(
+            named,
+            vec![
+                (Some(2), Some("t2")),
+                (None, None),
+                (None, None),
+                (Some(5), None)
+            ]
+        );
+        assert!(
+            unreadable[0].reason.contains("not a JSON object"),
+            "{unreadable:?}"
+        );
+    }
+}
