@@ -5,9 +5,27 @@
 
 use sd_notify::NotifyState;
 
+/// Sends `states` to `$NOTIFY_SOCKET`, as `sd_notify::notify` does but
+/// without blocking: the watchdog pings from an async thread, and a
+/// service manager that does not read its socket must not stall it (nor,
+/// with it, the runtime's timers). A message that finds the socket's queue
+/// full is dropped.
 fn notify(states: &[NotifyState<'_>]) {
-    if let Err(error) = sd_notify::notify(states) {
-        tracing::warn!(%error, "cannot notify the service manager");
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let message: String = states.iter().map(|state| format!("{state}\n")).collect();
+    let sent = std::os::unix::net::UnixDatagram::unbound().and_then(|socket| {
+        socket.set_nonblocking(true)?;
+        socket.connect(&path)?;
+        socket.send(message.as_bytes())
+    });
+    match sent {
+        Ok(_) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {
+            tracing::debug!("the service manager's socket is full; notification dropped")
+        }
+        Err(error) => tracing::warn!(%error, "cannot notify the service manager"),
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::source::{JobSource, LeasedJob, Report, SourceError};
+use super::source::{JobSource, LeasedJob, Report, SourceError, read_handouts, refuse_unreadable};
 use super::{ClientError, HttpClient};
 use crate::protocol::{CreateJob, Data, JobId, RunFacts, WorkerInfo};
 use crate::server::store::BoxFuture;
@@ -69,7 +69,7 @@ impl HttpSource {
             "leaseMs": lease.as_millis() as u64,
         });
         let timeout = wait + Duration::from_secs(30);
-        let answer = match worker.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
+        let mut answer = match worker.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
             Some(worker) => {
                 let mut with_worker = body.clone();
                 with_worker["worker"] = json!(worker);
@@ -95,17 +95,14 @@ impl HttpSource {
             }
         }
         .map_err(source_error)?;
-        let jobs = answer["jobs"].as_array().ok_or_else(|| {
-            SourceError::Protocol(format!("dequeue answer without jobs: {answer}"))
-        })?;
-        jobs.iter()
-            .map(|job| match job {
-                Value::Object(map) => LeasedJob::from_handout(map.clone()),
-                other => Err(SourceError::Protocol(format!(
-                    "job is not an object: {other}"
-                ))),
-            })
-            .collect()
+        let Value::Array(handouts) = answer["jobs"].take() else {
+            return Err(SourceError::Protocol(format!(
+                "dequeue answer without jobs: {answer}"
+            )));
+        };
+        let (jobs, unreadable) = read_handouts(handouts);
+        refuse_unreadable(self, unreadable).await;
+        Ok(jobs)
     }
 }
 

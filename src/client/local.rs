@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::source::{JobSource, LeasedJob, Report, SourceError};
+use super::source::{JobSource, LeasedJob, Report, SourceError, read_handouts, refuse_unreadable};
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
     RetryJob, RunFacts, UpdateJob, WorkerInfo,
@@ -51,10 +51,19 @@ impl LocalSource {
         };
         let wait = (!wait.is_zero()).then_some(wait);
         let handouts = self.queue.get_jobs(cmd, wait).await.map_err(source_error)?;
-        handouts
-            .into_iter()
-            .map(|h| LeasedJob::from_handout(h.leased_json()))
-            .collect()
+        let (jobs, unreadable) = read_handouts(
+            handouts
+                .into_iter()
+                .map(|h| serde_json::Value::Object(h.leased_json())),
+        );
+        // In a task of its own: this fetch may be cancelled once it returns
+        // (see `fetch_is_cancel_safe`), so it has no await left after the
+        // claim.
+        if !unreadable.is_empty() {
+            let source = self.clone();
+            tokio::spawn(async move { refuse_unreadable(&source, unreadable).await });
+        }
+        Ok(jobs)
     }
 }
 
@@ -194,6 +203,11 @@ impl JobSource for LocalSource {
 
     fn delete<'a>(&'a self, id: JobId) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move { self.queue.delete(id).await.map_err(source_error) })
+    }
+
+    fn fetch_is_cancel_safe(&self) -> bool {
+        // The queue puts back what a cancelled claim took.
+        true
     }
 
     fn describe(&self) -> String {

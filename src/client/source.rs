@@ -55,10 +55,20 @@ impl LeasedJob {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
+        // Data the worker cannot be given whole is refused rather than run
+        // as empty: a report would then replace the job's real data.
         let data = match handout.get("data") {
             Some(Value::Object(data)) => data.clone(),
-            Some(Value::String(text)) => serde_json::from_str(text).unwrap_or_default(),
-            _ => Data::new(),
+            Some(Value::String(text)) if text.trim().is_empty() => Data::new(),
+            Some(Value::String(text)) => serde_json::from_str(text).map_err(|_| {
+                SourceError::Protocol(format!("job {id}'s data is not a JSON object: {text:?}"))
+            })?,
+            None | Some(Value::Null) => Data::new(),
+            Some(other) => {
+                return Err(SourceError::Protocol(format!(
+                    "job {id}'s data is not a JSON object: {other}"
+                )));
+            }
         };
         let lease = handout
             .get("lease")
@@ -80,6 +90,85 @@ impl LeasedJob {
             lease_term,
             attempt,
         })
+    }
+}
+
+/// A hand-out this client could not read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unreadable {
+    /// Its job, when the hand-out names one.
+    pub id: Option<JobId>,
+    /// Its lease token, when it has one.
+    pub lease: Option<String>,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Reads each hand-out of a batch on its own, so that one the client
+/// cannot read does not cost the others: the readable ones, and the rest
+/// with the reason (see [`refuse_unreadable`]).
+pub fn read_handouts(
+    handouts: impl IntoIterator<Item = Value>,
+) -> (Vec<LeasedJob>, Vec<Unreadable>) {
+    let mut jobs = Vec::new();
+    let mut unreadable = Vec::new();
+    for handout in handouts {
+        let Value::Object(map) = handout else {
+            unreadable.push(Unreadable {
+                id: None,
+                lease: None,
+                reason: format!("a hand-out is not a JSON object: {handout}"),
+            });
+            continue;
+        };
+        let id = map.get("jobID").and_then(|v| {
+            v.as_i64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        });
+        let lease = map
+            .get("lease")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
+        match LeasedJob::from_handout(map) {
+            Ok(job) => jobs.push(job),
+            Err(error) => unreadable.push(Unreadable {
+                id: id.filter(|&id| id > 0),
+                lease,
+                reason: error.to_string(),
+            }),
+        }
+    }
+    (jobs, unreadable)
+}
+
+/// Reports FAILED, under its lease, each hand-out the client could not
+/// read (handing it back would only hand it out again), with the reason in
+/// the log and in the run's history. One that names no job cannot be
+/// reported; it returns when its lease lapses.
+pub async fn refuse_unreadable<S: JobSource + ?Sized>(source: &S, unreadable: Vec<Unreadable>) {
+    for bad in unreadable {
+        let Some(id) = bad.id else {
+            tracing::error!(reason = %bad.reason, "the job server handed out something this supervisor cannot read, naming no job; it returns when its lease lapses");
+            continue;
+        };
+        tracing::error!(job_id = id, reason = %bad.reason, "cannot read this hand-out; reporting the job FAILED");
+        let run = RunFacts {
+            exit_code: None,
+            signal: None,
+            stdout: None,
+            stderr: Some(format!(
+                "not run: the supervisor cannot read its hand-out: {}",
+                bad.reason
+            )),
+        };
+        let report = Report::Fail { data: None };
+        if let Err(error) = source
+            .report_run(id, bad.lease.as_deref(), &report, Some(&run))
+            .await
+        {
+            tracing::warn!(job_id = id, %error, "could not report an unreadable hand-out FAILED; it returns when its lease lapses");
+        }
     }
 }
 
@@ -256,6 +345,15 @@ pub trait JobSource: Send + Sync {
         })
     }
 
+    /// Whether a fetch in flight can be cancelled without stranding jobs:
+    /// true where cancelling it puts back whatever it had taken (in-process,
+    /// where the queue does). Over a network it is false: an answer already
+    /// on the wire would be lost with the fetch, so the supervisor lets an
+    /// abandoned fetch end and hands its jobs back.
+    fn fetch_is_cancel_safe(&self) -> bool {
+        false
+    }
+
     /// Whether the last [`JobSource::get_jobs`] showed the server blocking or
     /// answering at once.
     fn fetch_mode(&self) -> FetchMode {
@@ -264,4 +362,43 @@ pub trait JobSource: Send + Sync {
 
     /// A short description for logs, e.g. `http://127.0.0.1:8889`.
     fn describe(&self) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn one_unreadable_handout_leaves_the_rest_of_its_batch_readable() {
+        let batch = vec![
+            json!({"jobID": 1, "name": "A", "data": {"n": 1}, "lease": "t1"}),
+            json!({"jobID": 2, "name": "B", "data": [1, 2], "lease": "t2"}),
+            json!({"jobID": "x", "name": "C", "data": {}}),
+            json!("not an object"),
+            json!({"jobID": "4", "name": "D", "data": "{\"n\":4}"}),
+            json!({"jobID": 5, "name": "E", "data": "{not json"}),
+        ];
+        let (jobs, unreadable) = read_handouts(batch);
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+        assert_eq!(ids, vec![1, 4]);
+        assert_eq!(jobs[1].data["n"], 4);
+        let named: Vec<(Option<JobId>, Option<&str>)> = unreadable
+            .iter()
+            .map(|u| (u.id, u.lease.as_deref()))
+            .collect();
+        assert_eq!(
+            named,
+            vec![
+                (Some(2), Some("t2")),
+                (None, None),
+                (None, None),
+                (Some(5), None)
+            ]
+        );
+        assert!(
+            unreadable[0].reason.contains("not a JSON object"),
+            "{unreadable:?}"
+        );
+    }
 }

@@ -69,6 +69,7 @@ impl JobTask {
         let retry = self.job_settings().retry;
         let facts = JobFacts {
             data: &self.job.data,
+            progressed: false,
             attempt,
             repeats: self.repeats(),
         };
@@ -233,9 +234,21 @@ impl JobTask {
         let _ = tokio::task::spawn_blocking(move || drop(job_sandbox)).await;
         watchers.cancel();
         let _ = heartbeat.await;
-        let _ = progress.await;
-        drop(scratch);
-        let mut finished = finished.map_err(|e| not_started(&e, "cannot start the worker"))?;
+        // The report starts from the latest data the worker reported, not
+        // from the data as handed out (which would undo its progress).
+        let progressed = progress.await.ok().flatten();
+        let facts = match &progressed {
+            Some(data) => JobFacts {
+                data,
+                progressed: true,
+                ..facts
+            },
+            None => facts,
+        };
+        // Off the async threads: a worker may leave a large tree.
+        scratch.remove().await;
+        let mut finished =
+            finished.map_err(|e| not_started(&e, "cannot start or wait for the worker"))?;
         finished.oom = oom;
         if finished.killed {
             crate::metrics::kill_escalated();
@@ -432,52 +445,44 @@ async fn heartbeat(
 /// Forwards progress objects as UpdateJob, merged into the job's data and
 /// at most one per [`PROGRESS_EVERY`]; the latest wins. Merged data the
 /// server would refuse (over [`MAX_DATA_BYTES`]) is not kept: progress
-/// stops there for this run, and what was sent before stands.
+/// stops there for this run, and what was merged before stands. Returns
+/// the latest data merged (sent or not), or `None` when the worker
+/// reported no progress that was kept: the job's report starts from it.
 async fn forward_progress(
     shared: Arc<Shared>,
     job: LeasedJob,
     mut updates: mpsc::Receiver<Data>,
     done: CancellationToken,
-) {
-    let mut data = Value::Object(job.data.clone());
-    let mut size = MergedSize::new(&job.data);
+) -> Option<Data> {
+    let mut merged = Merged::new(&job.data);
     let mut pending = false;
-    let mut closed = false;
     let mut last_sent = tokio::time::Instant::now() - PROGRESS_EVERY;
     loop {
         let next_send = last_sent + PROGRESS_EVERY;
-        if closed && !pending {
+        if merged.closed && !pending {
             // The worker closed fd 3 and everything was sent.
             done.cancelled().await;
-            return;
+            return merged.latest;
         }
         tokio::select! {
-            _ = done.cancelled() => return,
-            update = updates.recv(), if !closed => match update {
-                Some(update) => {
-                    size.add(&update);
-                    json_patch::merge(&mut data, &Value::Object(update));
-                    pending = true;
-                    if size.over(&data) {
-                        tracing::warn!(
-                            "the worker's progress would make the job's data larger than 1 MiB; \
-                             no more progress is forwarded for this run"
-                        );
-                        data = Value::Null;
-                        updates.close();
-                        pending = false;
-                        closed = true;
-                    }
+            _ = done.cancelled() => {
+                // What the worker wrote last is still queued: it counts.
+                while !merged.closed && let Ok(update) = updates.try_recv() {
+                    merged.add(update, &mut updates);
                 }
-                None => closed = true,
+                return merged.latest;
+            }
+            update = updates.recv(), if !merged.closed => match update {
+                Some(update) => pending = merged.add(update, &mut updates),
+                None => merged.closed = true,
             },
             _ = tokio::time::sleep_until(next_send), if pending => {
-                if let Value::Object(map) = &data {
+                if let Value::Object(map) = &merged.data {
                     match shared.source.update(&job, map).await {
                         Ok(()) => {}
                         Err(SourceError::LeaseLost(_)) => {
                             tracing::debug!("progress not delivered: the lease was lost");
-                            return;
+                            return merged.latest;
                         }
                         Err(error) => tracing::debug!(%error, "progress update not delivered"),
                     }
@@ -486,6 +491,49 @@ async fn forward_progress(
                 last_sent = tokio::time::Instant::now();
             }
         }
+    }
+}
+
+/// A job's data with the worker's progress merged in.
+struct Merged {
+    /// The data with every update merged (`Null` once over the cap).
+    data: Value,
+    /// The latest merged data within the cap, once there was progress.
+    latest: Option<Data>,
+    size: MergedSize,
+    /// No more progress is taken.
+    closed: bool,
+}
+
+impl Merged {
+    fn new(data: &Data) -> Self {
+        Merged {
+            data: Value::Object(data.clone()),
+            latest: None,
+            size: MergedSize::new(data),
+            closed: false,
+        }
+    }
+
+    /// Merges an update; returns whether there is something to send. Past
+    /// the cap, takes no more progress for this run.
+    fn add(&mut self, update: Data, updates: &mut mpsc::Receiver<Data>) -> bool {
+        self.size.add(&update);
+        json_patch::merge(&mut self.data, &Value::Object(update));
+        if self.size.over(&self.data) {
+            tracing::warn!(
+                "the worker's progress would make the job's data larger than 1 MiB; \
+                 no more progress is forwarded for this run"
+            );
+            self.data = Value::Null;
+            updates.close();
+            self.closed = true;
+            return false;
+        }
+        if let Value::Object(map) = &self.data {
+            self.latest = Some(map.clone());
+        }
+        true
     }
 }
 

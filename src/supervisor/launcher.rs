@@ -34,6 +34,30 @@ impl Launcher {
     /// `runtime`. Also makes this process a subreaper and starts reaping
     /// orphans on SIGCHLD.
     pub fn start(runtime: tokio::runtime::Handle) -> std::io::Result<Self> {
+        let launcher = Self::spawning_only(runtime.clone())?;
+        let workers = Arc::clone(&launcher.workers);
+        // SAFETY: a plain prctl on this process.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a subreaper; orphans of workers go to init");
+        }
+        let reaped = Arc::clone(&workers);
+        runtime.spawn(async move {
+            let Ok(mut children) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+            else {
+                return;
+            };
+            while children.recv().await.is_some() {
+                let workers = Arc::clone(&reaped);
+                let _ = tokio::task::spawn_blocking(move || reap_orphans(&workers)).await;
+            }
+        });
+        Ok(launcher)
+    }
+
+    /// The spawning thread alone: no subreaper, no reaper of orphans (for
+    /// tests, which share their process with other tests' children).
+    pub(crate) fn spawning_only(runtime: tokio::runtime::Handle) -> std::io::Result<Self> {
         let workers: Arc<Mutex<HashSet<i32>>> = Arc::default();
         let (requests, incoming) = mpsc::channel::<Spawn>();
         let spawned = Arc::clone(&workers);
@@ -54,22 +78,6 @@ impl Launcher {
                     let _ = answer.send(child);
                 }
             })?;
-        // SAFETY: a plain prctl on this process.
-        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot become a subreaper; orphans of workers go to init");
-        }
-        let reaped = Arc::clone(&workers);
-        runtime.spawn(async move {
-            let Ok(mut children) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
-            else {
-                return;
-            };
-            while children.recv().await.is_some() {
-                let workers = Arc::clone(&reaped);
-                let _ = tokio::task::spawn_blocking(move || reap_orphans(&workers)).await;
-            }
-        });
         Ok(Launcher { requests, workers })
     }
 

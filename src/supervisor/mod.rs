@@ -33,7 +33,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{JobSource, SourceError};
+use crate::client::{JobSource, LeasedJob, Report, SourceError};
 use crate::config::ConfigError;
 use crate::protocol::WorkerInfo;
 use gate::{Gate, LoadSource};
@@ -343,6 +343,8 @@ impl Supervisor {
 
         let mut gate = Gate::new(settings.gate);
         let mut workers: JoinSet<()> = JoinSet::new();
+        // Fetches abandoned on a signal, each handing back what it brings.
+        let mut abandoned: JoinSet<()> = JoinSet::new();
         let running =
             crate::metrics::RunningWorkers::new(settings.pool.as_deref().unwrap_or("main"));
         let stop_workers = CancellationToken::new();
@@ -362,6 +364,7 @@ impl Supervisor {
 
         let exit = 'fetching: loop {
             while workers.try_join_next().is_some() {}
+            while abandoned.try_join_next().is_some() {}
             let settings = self.settings();
             if let Some(max) = settings.max_iterations
                 && started >= max
@@ -475,23 +478,44 @@ impl Supervisor {
             presence.capacity = u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX);
             presence.load = sample.map(|s| s.load1);
             last_presence = Instant::now();
-            let fetched = {
-                let fetch = self.source.get_jobs_as(
-                    &settings.job_name,
-                    slots,
-                    settings.poll_wait,
-                    settings.lease,
-                    &presence,
-                );
+            // The fetch runs in a task of its own: a signal that stops the
+            // taking of jobs abandons it rather than dropping it, so that
+            // jobs whose answer was already on the wire are handed back
+            // (see `hand_back_when_answered`) instead of staying leased to
+            // nobody until their lease lapses.
+            let mut fetch = {
+                let source = Arc::clone(&self.source);
+                let pattern = settings.job_name.clone();
+                let worker = presence.clone();
+                let (wait, lease) = (settings.poll_wait, settings.lease);
+                tokio::spawn(async move {
+                    source
+                        .get_jobs_as(&pattern, slots, wait, lease, &worker)
+                        .await
+                })
+            };
+            let fetched = loop {
                 tokio::select! {
-                    fetched = fetch => fetched,
+                    joined = &mut fetch => break joined.unwrap_or_else(|error| {
+                        Err(SourceError::Unavailable(format!("the fetch ended abnormally: {error}")))
+                    }),
                     message = control.recv() => {
-                        if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
-                            break exit;
+                        // A reload applies to the next fetch: this one goes on.
+                        if message == Some(Control::Reload) {
+                            self.reload(&mut gate);
+                            restart_schedule(&mut scheduler, &self.source, self.settings());
+                            continue;
                         }
-                        continue;
+                        abandoned.spawn(self.abandon(fetch));
+                        if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
+                            break 'fetching exit;
+                        }
+                        continue 'fetching;
                     }
-                    _ = version_changed.notified() => break Exit::VersionChanged,
+                    _ = version_changed.notified() => {
+                        abandoned.spawn(self.abandon(fetch));
+                        break 'fetching Exit::VersionChanged;
+                    }
                 }
             };
             let mode = self.source.fetch_mode();
@@ -553,6 +577,7 @@ impl Supervisor {
         let deadline = tokio::time::sleep(drain_timeout);
         tokio::pin!(deadline);
         let mut control_open = true;
+        let mut hurried = false;
         while !workers.is_empty() {
             tokio::select! {
                 _ = workers.join_next() => {}
@@ -560,6 +585,7 @@ impl Supervisor {
                 message = control.recv(), if control_open => match message {
                     Some(Control::StopNow) | Some(Control::Drain) => {
                         tracing::info!("asked again: stopping running jobs now");
+                        hurried = true;
                         break;
                     }
                     Some(_) => {}
@@ -576,6 +602,43 @@ impl Supervisor {
             stop_workers.cancel();
             while workers.join_next().await.is_some() {}
         }
+        // A fetch abandoned by the drain may still bring jobs: wait for its
+        // answer (it lasts at most the poll wait) to hand them back, unless
+        // asked again to stop now.
+        if hurried && !abandoned.is_empty() {
+            tracing::warn!(
+                "asked again: not waiting for the fetch in flight; jobs it brings return when their lease lapses"
+            );
+            abandoned.abort_all();
+        }
+        if !abandoned.is_empty() {
+            tracing::info!(
+                "waiting for the fetch in flight to answer, to hand back any jobs it brings"
+            );
+        }
+        // Bounded: a fetch answers within its poll wait; one that does not
+        // (a hung server) does not hold the exit up for long.
+        let fetch_deadline = tokio::time::sleep(self.settings().poll_wait + FETCH_MARGIN);
+        tokio::pin!(fetch_deadline);
+        while !abandoned.is_empty() {
+            tokio::select! {
+                _ = abandoned.join_next() => {}
+                _ = &mut fetch_deadline => {
+                    tracing::warn!("the fetch in flight did not answer in time; jobs it brings return when their lease lapses");
+                    abandoned.abort_all();
+                    break;
+                }
+                message = control.recv(), if control_open => match message {
+                    Some(Control::StopNow) | Some(Control::Drain) => {
+                        tracing::warn!("asked again: not waiting for the fetch in flight; jobs it brings return when their lease lapses");
+                        abandoned.abort_all();
+                        break;
+                    }
+                    Some(_) => {}
+                    None => control_open = false,
+                },
+            }
+        }
         if let Some(watcher) = watcher {
             watcher.abort();
         }
@@ -590,6 +653,18 @@ impl Supervisor {
         let _ = courier.await;
         tracing::info!(reason = ?exit, jobs_started = started, "supervisor stopped");
         Ok(exit)
+    }
+
+    /// Stops waiting for a fetch: cancels it where that strands nothing,
+    /// and in any case hands back whatever jobs it still brings.
+    fn abandon(
+        &self,
+        fetch: tokio::task::JoinHandle<Result<Vec<LeasedJob>, SourceError>>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        if self.source.fetch_is_cancel_safe() {
+            fetch.abort();
+        }
+        hand_back_when_answered(Arc::clone(&self.source), fetch)
     }
 
     /// Handles a control message while fetching; `Some` means "drain now".
@@ -648,6 +723,42 @@ impl Supervisor {
             Err(error) => {
                 tracing::error!(%error, "configuration not reloaded; keeping the current one")
             }
+        }
+    }
+}
+
+/// How long past its poll wait a drain waits for an abandoned fetch.
+const FETCH_MARGIN: Duration = Duration::from_secs(5);
+
+/// Waits for an abandoned fetch's answer and hands back every job it
+/// brings (RetryJob at once under its lease, its repeat ignored, as a drain
+/// hands back a stopped job), so that a fetch the supervisor stopped
+/// waiting for never leaves jobs leased to nobody.
+async fn hand_back_when_answered(
+    source: Arc<dyn JobSource>,
+    fetch: tokio::task::JoinHandle<Result<Vec<LeasedJob>, SourceError>>,
+) {
+    let Ok(Ok(jobs)) = fetch.await else {
+        return;
+    };
+    let back = Report::Retry {
+        delay_secs: 0,
+        ignore_repeat: true,
+        data: None,
+    };
+    for job in jobs {
+        match source.report(job.id, job.lease.as_deref(), &back).await {
+            Ok(()) => tracing::info!(
+                job_id = job.id,
+                job_name = %job.name,
+                "handed back a job that arrived after the supervisor stopped taking jobs"
+            ),
+            Err(error) => tracing::warn!(
+                job_id = job.id,
+                job_name = %job.name,
+                %error,
+                "could not hand back a job that arrived after the supervisor stopped taking jobs; it returns when its lease lapses"
+            ),
         }
     }
 }

@@ -159,26 +159,39 @@ pub async fn run(
 
     let mut killed = false;
     let ending = tokio::select! {
-        status = child.wait() => status_ending(status?),
+        status = child.wait() => status.map(status_ending),
         _ = tokio::time::sleep(spec.timeout) => {
             tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
             killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
-            Ending::TimedOut
+            Ok(Ending::TimedOut)
         }
         _ = stop.cancelled() => {
             killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
-            Ending::Stopped
+            Ok(Ending::Stopped)
         }
     };
+    // On every path, a failed wait included: the worker is the reaper's
+    // to reap if the runtime could not, and whatever is left of its process
+    // group, and of its cgroup (which also holds what left the group), dies
+    // with it.
     launcher.reaped(pid);
-    // Whatever is left of its process group, and of its cgroup (which also
-    // holds what left the group), dies with it.
     kill_group(pid, Signal::SIGKILL);
     kill_tree(tree.as_ref()).await;
     writer.abort();
-    progress_task.abort();
+    // Progress written just before the end still counts: read fd 3 to its
+    // end (the group is dead), as briefly as the output.
+    let mut progress_task = progress_task;
+    if tokio::time::timeout(Duration::from_secs(2), &mut progress_task)
+        .await
+        .is_err()
+    {
+        progress_task.abort();
+    }
     let stdout = collect(stdout, &stdout_capture).await;
     let stderr = collect(stderr, &stderr_capture).await;
+    let ending = ending.inspect_err(|error| {
+        tracing::error!(pid, %error, "cannot wait for the worker; its process group was killed");
+    })?;
     Ok(Finished {
         ending,
         pid,
@@ -352,6 +365,79 @@ async fn read_progress(
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Whether a process is gone (no `/proc/PID`, or a zombie).
+    fn dead(pid: i32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => matches!(
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.chars().next()),
+                Some('Z' | 'X')
+            ),
+        }
+    }
+
+    /// The runtime's wait on a worker fails when someone else reaped it
+    /// (ECHILD). Here the spawn hook reaps it, on the runtime's only thread,
+    /// before the runtime can: the wait then fails for real, and the
+    /// worker's process group must still be killed.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_wait_on_a_child_still_kills_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().display();
+        let program = dir.path().join("worker");
+        std::fs::write(
+            &program,
+            format!(
+                "#!/bin/sh\nsleep 1000 </dev/null >/dev/null 2>&1 &\necho $! > '{o}/left.tmp' && mv '{o}/left.tmp' '{o}/left'\nexit 0\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let launcher = Launcher::spawning_only(tokio::runtime::Handle::current()).unwrap();
+        let worker = Arc::new(Mutex::new(None::<u32>));
+        let seen = Arc::clone(&worker);
+        let spec = WorkerSpec {
+            program,
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            cwd: dir.path().to_path_buf(),
+            stdin: Vec::new(),
+            timeout: Duration::from_secs(60),
+            grace: Duration::from_secs(1),
+            output_cap: 1024,
+            on_spawn: Some(SpawnHook(Arc::new(move |pid| {
+                *seen.lock().unwrap() = Some(pid);
+                // Bounded by the worker, which exits at once.
+                let _ = nix::sys::wait::waitpid(Pid::from_raw(pid as i32), None);
+            }))),
+        };
+        let setup = crate::supervisor::sandbox::ChildSetup::plain();
+        let ran = run(&launcher, spec, CancellationToken::new(), None, setup, None).await;
+        assert!(
+            ran.is_err(),
+            "the wait was meant to fail (the worker was reaped by the test): {ran:?}"
+        );
+        let left: i32 = std::fs::read_to_string(dir.path().join("left"))
+            .expect("the worker wrote its background process's pid before exiting")
+            .trim()
+            .parse()
+            .unwrap();
+        let start = std::time::Instant::now();
+        while !dead(left) && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !dead(left) {
+            // Still in the worker's group, which outlives its leader: end it
+            // by the group this test started.
+            let group = worker.lock().unwrap().expect("the worker's pid");
+            let _ = killpg(Pid::from_raw(group as i32), Signal::SIGKILL);
+            panic!(
+                "the worker's background process {left} outlived a failed wait: its group was not killed"
+            );
+        }
+    }
 
     /// What `read_progress` forwards of `bytes` written to its pipe.
     async fn progress_of(bytes: Vec<u8>) -> Vec<serde_json::Map<String, serde_json::Value>> {

@@ -59,8 +59,13 @@ pub enum NotRun {
 /// What the report needs to know about the job.
 #[derive(Debug, Clone, Copy)]
 pub struct JobFacts<'a> {
-    /// Its data as handed out.
+    /// Its latest data: as handed out, with the progress the worker
+    /// reported during the run merged in. Reports start from it, so that
+    /// they never undo the worker's progress.
     pub data: &'a Data,
+    /// Whether the worker reported progress, so that `data` differs from
+    /// the data as handed out (and may hold progress not yet sent).
+    pub progressed: bool,
     /// Which run of it this is, from 1.
     pub attempt: i64,
     /// Whether it repeats.
@@ -112,13 +117,14 @@ pub fn decide(
                 ),
                 _ => (None, ""),
             };
-            // The details of earlier failed runs do not outlive a success.
+            // The details of earlier failed runs do not outlive a success;
+            // the worker's progress does (it may not all have been sent).
             let data = match new_data {
                 Some(mut map) => {
                     map.remove(DETAILS_KEY);
                     Some(map)
                 }
-                None if job.data.contains_key(DETAILS_KEY) => {
+                None if job.progressed || job.data.contains_key(DETAILS_KEY) => {
                     let mut map = job.data.clone();
                     map.remove(DETAILS_KEY);
                     Some(map)
@@ -148,7 +154,7 @@ pub fn decide(
             report: Some(Report::Retry {
                 delay_secs: 0,
                 ignore_repeat: true,
-                data: None,
+                data: job.progressed.then(|| job.data.clone()),
             }),
             summary: "stopped by shutdown; handed back for an immediate retry".into(),
         },
@@ -399,6 +405,7 @@ mod tests {
     fn job(data: &Data, attempt: i64, repeats: bool) -> JobFacts<'_> {
         JobFacts {
             data,
+            progressed: false,
             attempt,
             repeats,
         }
@@ -444,6 +451,91 @@ mod tests {
             panic!("{d:?}")
         };
         assert_eq!(Value::Object(data), json!({"keep": 1}));
+    }
+
+    #[test]
+    fn reports_start_from_the_workers_progress() {
+        let mut data = Data::new();
+        data.insert("step".into(), json!(2));
+        let progressed = |data| JobFacts {
+            data,
+            progressed: true,
+            attempt: 2,
+            repeats: false,
+        };
+        // Progress not yet sent goes with the finish.
+        let d = decide(
+            &finished(Ending::Exited(0), ""),
+            progressed(&data),
+            &policy(),
+            false,
+            false,
+        );
+        assert_eq!(
+            d.report,
+            Some(Report::Finish {
+                data: Some(data.clone())
+            })
+        );
+        // After an earlier failure: the progress stays, the details go.
+        let mut with_details = data.clone();
+        with_details.insert(DETAILS_KEY.into(), json!({"attempt": 1}));
+        let d = decide(
+            &finished(Ending::Exited(0), ""),
+            progressed(&with_details),
+            &policy(),
+            false,
+            false,
+        );
+        assert_eq!(
+            d.report,
+            Some(Report::Finish {
+                data: Some(data.clone())
+            })
+        );
+        // Stdout's last line still wins.
+        let d = decide(
+            &finished(Ending::Exited(0), "{\"n\":1}\n"),
+            progressed(&with_details),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Finish { data: Some(sent) }) = d.report else {
+            panic!("{d:?}")
+        };
+        assert_eq!(Value::Object(sent), json!({"n": 1}));
+        // A failure keeps the progress beside its details.
+        let d = decide(
+            &finished(Ending::Exited(3), ""),
+            progressed(&with_details),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Retry {
+            data: Some(sent), ..
+        }) = d.report
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(sent["step"], 2);
+        assert_eq!(sent[DETAILS_KEY]["attempt"], 2);
+        // So does a drain's hand-back.
+        let d = decide(
+            &finished(Ending::Stopped, ""),
+            progressed(&data),
+            &policy(),
+            false,
+            true,
+        );
+        let Some(Report::Retry {
+            data: Some(sent), ..
+        }) = d.report
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(sent, data);
     }
 
     #[test]

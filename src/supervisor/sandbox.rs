@@ -342,17 +342,7 @@ pub struct JobSandbox {
 impl JobSandbox {
     /// The steps for the worker, once.
     pub fn take_setup(&mut self) -> ChildSetup {
-        self.setup.take().unwrap_or_else(|| ChildSetup {
-            procs: Vec::new(),
-            rlimits: Vec::new(),
-            umask: 0o077,
-            credentials: None,
-            no_network: false,
-            private_tmp: false,
-            landlock: None,
-            parent: nix::unistd::getpid().as_raw(),
-            strings: MountStrings::new(),
-        })
+        self.setup.take().unwrap_or_else(ChildSetup::plain)
     }
 
     /// The job's cgroups, to kill its whole tree with.
@@ -438,6 +428,21 @@ fn check(result: libc::c_int) -> io::Result<()> {
 }
 
 impl ChildSetup {
+    /// No sandbox: only the umask, and the parent-death signal.
+    pub fn plain() -> Self {
+        ChildSetup {
+            procs: Vec::new(),
+            rlimits: Vec::new(),
+            umask: 0o077,
+            credentials: None,
+            no_network: false,
+            private_tmp: false,
+            landlock: None,
+            parent: nix::unistd::getpid().as_raw(),
+            strings: MountStrings::new(),
+        }
+    }
+
     /// Applies the steps. Runs in the forked child: only system calls, no
     /// allocation, no locks.
     ///

@@ -146,9 +146,13 @@ fn is_job_dir_name(name: &str) -> bool {
         && random.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// A job's scratch directory: mode 0700, removed when dropped.
+/// A job's scratch directory: mode 0700, removed by [`JobScratch::remove`]
+/// or, failing that, when dropped. Removal runs on the blocking pool when
+/// there is a runtime: a worker may leave a large tree, and removing it must
+/// not hold up an async worker thread.
 #[derive(Debug)]
 pub struct JobScratch {
+    /// Empty once the removal has been started.
     path: PathBuf,
 }
 
@@ -164,15 +168,34 @@ impl JobScratch {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Removes it with its contents on the blocking pool, and waits for
+    /// that; a failure is logged.
+    pub async fn remove(mut self) {
+        let path = std::mem::take(&mut self.path);
+        let _ = tokio::task::spawn_blocking(move || remove_logged(&path)).await;
+    }
 }
 
 impl Drop for JobScratch {
     fn drop(&mut self) {
-        if let Err(error) = std::fs::remove_dir_all(&self.path)
-            && error.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %self.path.display(), %error, "cannot remove the job's scratch directory");
+        let path = std::mem::take(&mut self.path);
+        if path.as_os_str().is_empty() {
+            return;
         }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || remove_logged(&path))),
+            Err(_) => remove_logged(&path),
+        }
+    }
+}
+
+/// Removes a job's scratch directory, logging a failure.
+fn remove_logged(path: &Path) {
+    if let Err(error) = std::fs::remove_dir_all(path)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), %error, "cannot remove the job's scratch directory");
     }
 }
 
@@ -224,6 +247,36 @@ mod tests {
         let path = scratch.path().to_path_buf();
         drop(scratch);
         assert!(!path.exists());
+    }
+
+    /// Removing a scratch directory must leave the async thread free: on a
+    /// single-threaded runtime, another task runs while a tree is removed
+    /// (a removal done in place would finish before it could run once).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_job_scratch_directory_is_removed_off_the_async_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = ScratchParent::open(&dir.path().join("scratch")).unwrap();
+        let scratch = JobScratch::create(parent.dir(), 9).unwrap();
+        for i in 0..500 {
+            std::fs::write(scratch.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let path = scratch.path().to_path_buf();
+        let turns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&turns);
+        let other = tokio::spawn(async move {
+            loop {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        });
+        scratch.remove().await;
+        let during = turns.load(std::sync::atomic::Ordering::SeqCst);
+        other.abort();
+        assert!(!path.exists(), "the scratch directory was not removed");
+        assert!(
+            during > 0,
+            "no other task ran while the scratch directory was removed: the removal blocked the async thread"
+        );
     }
 
     #[test]

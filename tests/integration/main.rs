@@ -14,6 +14,7 @@ mod commands;
 mod config;
 mod crash;
 mod edges;
+mod handback;
 mod harness;
 mod hostile;
 mod hostile_workers;

@@ -1035,12 +1035,14 @@ echo '{{"finished":true}}'"#
         None,
         "the running job was not reported finished"
     );
+    // The fetch in flight at SIGTERM may still have been handed the late
+    // job; if so, it was handed back before the supervisor exited (see
+    // handback.rs). Either way it is queued, and was not run.
     let late_job = api.job(late);
     assert_eq!(
         late_job["state"], "QUEUED",
         "a job created after SIGTERM was taken: {late_job}"
     );
-    assert_eq!(late_job["lastRun"], "", "{late_job}");
     assert!(!out.path().join(format!("started-{late}")).exists());
 }
 
