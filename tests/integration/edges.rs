@@ -128,14 +128,17 @@ fn a_retry_after_shorter_than_the_supervisors_lease_is_renewed_in_time() {
     let sup = builder
         .worker(
             "Slow",
-            "#!/bin/sh\ncat > /dev/null\necho run >> \"$RUNS\"\nsleep 5\n",
+            "#!/bin/sh\ncat > /dev/null\necho run >> \"$RUNS\"\nsleep 9\n",
         )
         .arg("--lease")
         .arg("30s")
         .arg("--env")
         .arg(&format!("RUNS={}", runs.display()))
         .start();
-    let id = api.create(json!({"name": "Slow", "retryAfter": "+2 SECONDS"}));
+    // A term of 4 s, renewed every third of it: long enough that a renewal
+    // delayed by a busy machine still lands in time, short enough that the
+    // 9 s run outlives it twice over.
+    let id = api.create(json!({"name": "Slow", "retryAfter": "+4 SECONDS"}));
     poll("the job to finish", || {
         api.state(id).is_none().then_some(())
     });
