@@ -42,14 +42,18 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use rand::Rng;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::source::{FetchMode, JobSource, LeasedJob, Report, SourceError};
-use crate::protocol::{CreateJob, Data, JobId};
+use super::source::{
+    FetchMode, JobSource, LeasedJob, Report, SourceError, Unreadable, read_handouts,
+    refuse_unreadable,
+};
+use crate::protocol::repeat::Unit;
+use crate::protocol::{CreateJob, Data, JobId, Modifier, RetryAfter};
 use crate::server::http::{MAX_LEASE_MS, MIN_LEASE_MS};
 use crate::server::store::BoxFuture;
 
@@ -278,9 +282,15 @@ impl BedrockSource {
         let response = self.call(&request, wait + WAIT_MARGIN).await?;
         match response.code {
             200..=299 => {
-                let jobs = parse_jobs(&response.body)?;
+                let (mut jobs, unreadable) = parse_jobs(&response.body)?;
+                refuse_unreadable(self, unreadable).await;
                 if let Some(job) = jobs.first() {
                     self.learn_leases(job.lease.is_some());
+                }
+                for job in &mut jobs {
+                    if job.lease.is_none() && job.lease_term.is_none() {
+                        job.lease_term = retry_after_term(&job.handout);
+                    }
                 }
                 Ok(Some(jobs))
             }
@@ -545,8 +555,9 @@ impl JobSource for BedrockSource {
     }
 }
 
-/// Reads the jobs of a GetJobs answer.
-fn parse_jobs(body: &[u8]) -> Result<Vec<LeasedJob>, SourceError> {
+/// Reads the jobs of a GetJobs answer, each on its own: the readable ones,
+/// and those this client cannot read (see [`refuse_unreadable`]).
+fn parse_jobs(body: &[u8]) -> Result<(Vec<LeasedJob>, Vec<Unreadable>), SourceError> {
     let answer: Value = serde_json::from_slice(body).map_err(|error| {
         SourceError::Protocol(format!(
             "GetJobs answer is not JSON ({error}): {}",
@@ -558,14 +569,37 @@ fn parse_jobs(body: &[u8]) -> Result<Vec<LeasedJob>, SourceError> {
             "GetJobs answer without jobs: {answer}"
         )));
     };
-    jobs.iter()
-        .map(|job| match job {
-            Value::Object(map) => LeasedJob::from_handout(map.clone()),
-            other => Err(SourceError::Protocol(format!(
-                "job is not an object: {other}"
-            ))),
-        })
-        .collect()
+    Ok(read_handouts(jobs.iter().cloned()))
+}
+
+/// How long Bedrock lets a job handed out without a lease run before it
+/// hands it out again: its `retryAfter`, when that is a fixed offset
+/// (`+N SECONDS|MINUTES|HOURS|DAYS`, summed). The supervisor cannot renew
+/// it, so it stops the worker before then rather than run the job twice.
+fn retry_after_term(handout: &Map<String, Value>) -> Option<Duration> {
+    let text = handout.get("retryAfter")?.as_str()?;
+    if text.trim().is_empty() {
+        return None;
+    }
+    let retry_after = RetryAfter::parse(text).ok()?;
+    let mut seconds: i64 = 0;
+    for modifier in &retry_after.modifiers {
+        let Modifier::Shift { amount, unit } = modifier else {
+            return None;
+        };
+        let per = match unit {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Month | Unit::Year => return None,
+        };
+        seconds = seconds.checked_add(amount.checked_mul(per)?)?;
+    }
+    u64::try_from(seconds)
+        .ok()
+        .filter(|&s| s > 0)
+        .map(Duration::from_secs)
 }
 
 /// A request being built: the method and its header lines.
@@ -974,7 +1008,8 @@ mod tests {
         assert_eq!(response.code, 200);
         assert_eq!(response.status_line, "200 OK");
         assert_eq!(response.body, body);
-        let jobs = parse_jobs(&response.body).expect("jobs");
+        let (jobs, unreadable) = parse_jobs(&response.body).expect("jobs");
+        assert!(unreadable.is_empty());
         assert_eq!(
             (jobs[0].id, jobs[0].attempt, jobs[0].lease.clone()),
             (7, 1, None)

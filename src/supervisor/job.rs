@@ -380,9 +380,12 @@ async fn heartbeat(
     worker_stop: CancellationToken,
     done: CancellationToken,
 ) {
-    if job.lease.is_none() {
+    let Some(_) = &job.lease else {
+        if let Some(term) = job.lease_term {
+            stop_before_reissue(term, grace, lost, worker_stop, done).await;
+        }
         return;
-    }
+    };
     let granted = job.lease_term.unwrap_or(asked);
     let every = (granted.min(asked) / 3).max(Duration::from_millis(100));
     let margin = grace.min(granted / 3);
@@ -438,6 +441,32 @@ async fn heartbeat(
                 wait = (left / 4).clamp(Duration::from_millis(100), every);
                 tracing::warn!(%error, retry_in = ?wait, "lease renewal failed; trying again");
             }
+        }
+    }
+}
+
+/// For a job handed out without a lease but with a term after which the
+/// server hands it out again (a real Bedrock's `retryAfter`): the term
+/// cannot be renewed, so the worker is stopped before it passes, leaving
+/// it the kill grace (or a third of the term, if less) to end, and the job
+/// runs again from the server rather than twice at once.
+async fn stop_before_reissue(
+    term: Duration,
+    grace: Duration,
+    lost: Arc<AtomicBool>,
+    worker_stop: CancellationToken,
+    done: CancellationToken,
+) {
+    let margin = grace.min(term / 3);
+    tokio::select! {
+        _ = done.cancelled() => {}
+        _ = tokio::time::sleep(term.saturating_sub(margin)) => {
+            tracing::warn!(
+                retry_after = ?term,
+                "the job's retryAfter passes soon and this server gives no leases, so it will hand the job out again; stopping the worker so that it does not run twice (give the job a retryAfter longer than its run)"
+            );
+            lost.store(true, Ordering::SeqCst);
+            worker_stop.cancel();
         }
     }
 }

@@ -616,9 +616,12 @@ impl Supervisor {
                 "waiting for the fetch in flight to answer, to hand back any jobs it brings"
             );
         }
-        // Bounded: a fetch answers within its poll wait; one that does not
-        // (a hung server) does not hold the exit up for long.
-        let fetch_deadline = tokio::time::sleep(self.settings().poll_wait + FETCH_MARGIN);
+        // Bounded: an answer already on its way arrives within moments, so
+        // the wait is short (an idle supervisor still stops promptly); a
+        // fetch cut off then drops its connection, and the server puts back
+        // whatever a claim takes for a requester that went away.
+        let fetch_deadline =
+            tokio::time::sleep((self.settings().poll_wait + FETCH_MARGIN).min(HANDBACK_GRACE));
         tokio::pin!(fetch_deadline);
         while !abandoned.is_empty() {
             tokio::select! {
@@ -729,6 +732,11 @@ impl Supervisor {
 
 /// How long past its poll wait a drain waits for an abandoned fetch.
 const FETCH_MARGIN: Duration = Duration::from_secs(5);
+
+/// The longest a drain waits for an abandoned fetch to answer, whatever
+/// the poll wait: long enough for an answer already sent to arrive on a
+/// busy machine, short enough that stopping an idle supervisor is prompt.
+const HANDBACK_GRACE: Duration = Duration::from_secs(5);
 
 /// Waits for an abandoned fetch's answer and hands back every job it
 /// brings (RetryJob at once under its lease, its repeat ignored, as a drain

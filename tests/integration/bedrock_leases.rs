@@ -404,7 +404,13 @@ struct LeaselessBedrock {
 }
 
 impl LeaselessBedrock {
+    /// Hands out job 7, named `plain`, with empty data.
     fn start() -> LeaselessBedrock {
+        Self::handing_out(json!({"jobID": 7, "name": "plain", "data": {}}))
+    }
+
+    /// Hands out `job` (which should be job 7) to the first GetJobs.
+    fn handing_out(job: Value) -> LeaselessBedrock {
         use std::sync::atomic::{AtomicBool, Ordering};
         use std::sync::{Arc, Mutex};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -418,7 +424,8 @@ impl LeaselessBedrock {
                 match listener.accept() {
                     Ok((stream, _)) => {
                         let (seen, stop) = (Arc::clone(&seen2), Arc::clone(&stop2));
-                        std::thread::spawn(move || serve_leaseless(stream, &seen, &stop));
+                        let job = job.clone();
+                        std::thread::spawn(move || serve_leaseless(stream, &job, &seen, &stop));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -440,6 +447,7 @@ impl Drop for LeaselessBedrock {
 
 fn serve_leaseless(
     mut stream: std::net::TcpStream,
+    job: &Value,
     seen: &std::sync::Mutex<Vec<String>>,
     stop: &std::sync::atomic::AtomicBool,
 ) {
@@ -469,7 +477,7 @@ fn serve_leaseless(
         };
         let answer = match method.as_str() {
             "GetJobs" if first_get => {
-                let body = r#"{"jobs":[{"jobID":7,"name":"plain","data":{}}]}"#;
+                let body = json!({ "jobs": [job] }).to_string();
                 format!("200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len())
             }
             "GetJobs" => "404 No job found\r\nContent-Length: 0\r\n\r\n".to_string(),
@@ -482,6 +490,72 @@ fn serve_leaseless(
             return;
         }
     }
+}
+
+#[test]
+fn against_a_real_bedrock_a_job_is_stopped_before_its_retry_after_hands_it_out_again() {
+    // Bedrock hands a job with retryAfter out again once it passes, and its
+    // term cannot be renewed: the worker must be stopped before then, and
+    // the job left to Bedrock (no report), rather than run twice at once.
+    let bedrock = LeaselessBedrock::handing_out(
+        json!({"jobID": 7, "name": "slow", "data": {}, "retryAfter": "+3 SECONDS"}),
+    );
+    let out = tempfile::tempdir().expect("temp dir");
+    let ended = out.path().join("ended");
+    let sup = Supervisor::builder(&format!("bedrock://{}", bedrock.addr))
+        .worker(
+            "slow",
+            &format!(
+                "#!/bin/sh\ncat > /dev/null\nsleep 60\ntouch {}\n",
+                ended.display()
+            ),
+        )
+        .start();
+    poll(
+        "the worker to be stopped before the retryAfter passes",
+        || {
+            sup.stderr()
+                .contains("retryAfter passes soon")
+                .then_some(())
+        },
+    );
+    poll("the stopped job to end without a report", || {
+        sup.stderr()
+            .contains("the lease was lost; the result is discarded")
+            .then_some(())
+    });
+    let reports: Vec<String> = bedrock
+        .seen()
+        .into_iter()
+        .filter(|h| {
+            h.starts_with("FinishJob") || h.starts_with("FailJob") || h.starts_with("RetryJob")
+        })
+        .collect();
+    assert!(
+        reports.is_empty(),
+        "no report for a job Bedrock hands out again: {reports:?}"
+    );
+    assert!(!ended.exists(), "the worker was stopped, not left to run");
+}
+
+#[test]
+fn a_job_without_retry_after_runs_to_its_end_against_a_real_bedrock() {
+    let bedrock = LeaselessBedrock::start();
+    let sup = Supervisor::builder(&format!("bedrock://{}", bedrock.addr))
+        .worker("plain", "#!/bin/sh\ncat > /dev/null\nsleep 4\n")
+        .start();
+    poll("the job to be finished", || {
+        bedrock
+            .seen()
+            .into_iter()
+            .any(|h| h.starts_with("FinishJob"))
+            .then_some(())
+    });
+    assert!(
+        !sup.stderr().contains("retryAfter passes soon"),
+        "{}",
+        sup.stderr()
+    );
 }
 
 #[test]
