@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod future;
 pub mod logging;
 pub mod metrics;
 pub mod protocol;

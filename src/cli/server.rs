@@ -49,7 +49,7 @@ pub struct ServerArgs {
     /// Lapsed leases after which a job is FAILED instead of queued again.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
     pub max_lapses: i64,
-    /// Queue again a RUNNING job held without a lease (by a plain Bedrock client that may have died) this long after its hand-out, counting a lapse [default: off]
+    /// Queue again a RUNNING job held without a lease (by a plain Bedrock client that may have died) this long after its hand-out, counting a lapse; set it well above such jobs' longest run, since a client still working when it fires has its job run twice and its unfenced report still lands [default: off]
     #[arg(long, env = "JOBMGR_REQUEUE_UNLEASED_AFTER", value_name = "DURATION", value_parser = parse_positive_duration)]
     pub requeue_unleased_after: Option<Duration>,
     /// Ended jobs (archived, and FAILED ones still queued) and attempts are kept this long.

@@ -52,10 +52,12 @@ use super::source::{
     FetchMode, JobSource, LeasedJob, Report, SourceError, Unreadable, read_handouts,
     refuse_unreadable,
 };
+use crate::future::BoxFuture;
 use crate::protocol::repeat::Unit;
-use crate::protocol::{CreateJob, Data, JobId, Modifier, RetryAfter};
+use crate::protocol::{
+    CreateJob, Data, JobId, Modifier, Repeat, RepeatBase, RetryAfter, Timestamp,
+};
 use crate::server::http::{MAX_LEASE_MS, MIN_LEASE_MS};
-use crate::server::store::BoxFuture;
 
 /// The largest answer body accepted.
 const MAX_BODY: usize = 64 * 1024 * 1024;
@@ -573,17 +575,49 @@ fn parse_jobs(body: &[u8]) -> Result<(Vec<LeasedJob>, Vec<Unreadable>), SourceEr
 }
 
 /// How long Bedrock lets a job handed out without a lease run before it
-/// hands it out again: its `retryAfter`, when that is a fixed offset
-/// (`+N SECONDS|MINUTES|HOURS|DAYS`, summed). The supervisor cannot renew
-/// it, so it stops the worker before then rather than run the job twice.
+/// hands it out again: its `retryAfter`, or its repeat's next time when
+/// that comes first (Bedrock sets a `retryAfter` job's nextRun to the
+/// earlier of the two). Only fixed offsets (`+N SECONDS|MINUTES|HOURS|DAYS`)
+/// can be counted; a repeat that cannot be is left out. The supervisor
+/// cannot renew this term, so it stops the worker before it passes rather
+/// than run the job twice.
 fn retry_after_term(handout: &Map<String, Value>) -> Option<Duration> {
     let text = handout.get("retryAfter")?.as_str()?;
     if text.trim().is_empty() {
         return None;
     }
-    let retry_after = RetryAfter::parse(text).ok()?;
+    let retry = fixed_seconds(&RetryAfter::parse(text).ok()?.modifiers)?;
+    let repeat = handout
+        .get("repeat")
+        .and_then(Value::as_str)
+        .filter(|r| !r.trim().is_empty())
+        .and_then(|r| Repeat::parse(r).ok())
+        .and_then(|repeat| {
+            let interval = fixed_seconds(&repeat.modifiers)?;
+            if repeat.base != RepeatBase::Scheduled {
+                return Some(interval);
+            }
+            // From the nextRun it was due at; one already past is moved to
+            // its first slot after now, at most an interval away.
+            let due = handout
+                .get("nextRun")
+                .and_then(Value::as_str)
+                .and_then(Timestamp::parse)?;
+            let left = (due.0 + interval * 1000 - Timestamp::now().0) / 1000;
+            Some(if left > 0 { left } else { interval })
+        });
+    let seconds = repeat.map_or(retry, |r| r.min(retry));
+    u64::try_from(seconds)
+        .ok()
+        .filter(|&s| s > 0)
+        .map(Duration::from_secs)
+}
+
+/// The length of a list of fixed-offset modifiers, in seconds; `None` when
+/// one of them is calendar arithmetic (months, years, `START OF`, `WEEKDAY`).
+fn fixed_seconds(modifiers: &[Modifier]) -> Option<i64> {
     let mut seconds: i64 = 0;
-    for modifier in &retry_after.modifiers {
+    for modifier in modifiers {
         let Modifier::Shift { amount, unit } = modifier else {
             return None;
         };
@@ -596,10 +630,7 @@ fn retry_after_term(handout: &Map<String, Value>) -> Option<Duration> {
         };
         seconds = seconds.checked_add(amount.checked_mul(per)?)?;
     }
-    u64::try_from(seconds)
-        .ok()
-        .filter(|&s| s > 0)
-        .map(Duration::from_secs)
+    Some(seconds)
 }
 
 /// A request being built: the method and its header lines.
@@ -955,6 +986,62 @@ mod tests {
     use tokio::io::ReadBuf;
 
     use super::*;
+
+    fn handout(fields: Value) -> Map<String, Value> {
+        match fields {
+            Value::Object(map) => map,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    #[test]
+    fn a_real_bedrocks_retry_after_is_a_term_that_an_earlier_repeat_shortens() {
+        let term = |fields: Value| retry_after_term(&handout(fields)).map(|d| d.as_secs());
+        assert_eq!(
+            term(serde_json::json!({"retryAfter": "+5 MINUTES"})),
+            Some(300)
+        );
+        assert_eq!(
+            term(serde_json::json!({"retryAfter": "+1 HOUR, +30 SECONDS"})),
+            Some(3_630)
+        );
+        assert_eq!(term(serde_json::json!({"retryAfter": ""})), None);
+        assert_eq!(term(serde_json::json!({})), None);
+        // Calendar arithmetic has no fixed length: no term.
+        assert_eq!(term(serde_json::json!({"retryAfter": "+1 MONTH"})), None);
+        // A repeat due sooner than the retryAfter is when Bedrock hands the
+        // job out again.
+        assert_eq!(
+            term(serde_json::json!({"retryAfter": "+1 HOUR", "repeat": "FINISHED, +1 MINUTE"})),
+            Some(60)
+        );
+        assert_eq!(
+            term(serde_json::json!({"retryAfter": "+1 MINUTE", "repeat": "FINISHED, +1 HOUR"})),
+            Some(60)
+        );
+        // SCHEDULED counts from the nextRun it was due at; one long past is
+        // re-anchored, at most an interval away.
+        let due = Timestamp(Timestamp::now().0 - 20_000).to_string();
+        let scheduled = term(serde_json::json!({
+            "retryAfter": "+1 HOUR", "repeat": "SCHEDULED, +1 MINUTE", "nextRun": due
+        }))
+        .unwrap();
+        assert!((38..=40).contains(&scheduled), "{scheduled}");
+        assert_eq!(
+            term(serde_json::json!({
+                "retryAfter": "+1 HOUR", "repeat": "SCHEDULED, +1 MINUTE",
+                "nextRun": "2020-01-01 00:00:00"
+            })),
+            Some(60)
+        );
+        // A repeat that cannot be counted leaves the retryAfter.
+        assert_eq!(
+            term(
+                serde_json::json!({"retryAfter": "+5 MINUTES", "repeat": "FINISHED, START OF DAY"})
+            ),
+            Some(300)
+        );
+    }
 
     /// Hands out its bytes `step` at a time, then end of file.
     struct Trickle {

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::source::{JobSource, LeasedJob, Report, SourceError, read_handouts, refuse_unreadable};
 use super::{ClientError, HttpClient};
+use crate::future::BoxFuture;
 use crate::protocol::{CreateJob, Data, JobId, RunFacts, WorkerInfo};
-use crate::server::store::BoxFuture;
 
 /// A job server reached over HTTP.
 #[derive(Debug, Clone)]

@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use super::source::{JobSource, LeasedJob, Report, SourceError, read_handouts, refuse_unreadable};
+use crate::future::BoxFuture;
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
     RetryJob, RunFacts, UpdateJob, WorkerInfo,
 };
 use crate::server::queue::Queue;
-use crate::server::store::BoxFuture;
 
 /// The embedded server's queue.
 #[derive(Clone)]

@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+use crate::future::BoxFuture;
 use crate::protocol::{CreateJob, Data, JobId, RunFacts, WorkerInfo};
-use crate::server::store::BoxFuture;
 
 /// A job handed to this supervisor.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use crate::common::{DEADLINE, Server, Supervisor, bin, wait_child};
+use crate::common::{DEADLINE, Server, Supervisor, bin, kill_and_reap, wait_child};
 
 /// Runs `jobmgr server` on `db`, expecting it to refuse; returns its stderr.
 fn second_server_refused(db: &Path) -> String {
@@ -28,8 +28,7 @@ fn second_server_refused(db: &Path) -> String {
         Some(status) => status,
         None => {
             // Still our unreaped child: safe to kill by its handle.
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, "a second server that started");
             panic!(
                 "the second server on {} did not exit within {DEADLINE:?}: it started",
                 db.display()

@@ -2,21 +2,11 @@
 //! root, the server runs in a private mount namespace whose store lives on a
 //! 1 MiB tmpfs, which the test fills until SQLite reports a full disk.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::json;
 
 use crate::common::*;
-
-/// Our child, killed and reaped by its handle however the test ends.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn healthz_says_ok_while_every_write_fails_with_enospc() {
@@ -44,8 +34,8 @@ fn healthz_says_ok_while_every_write_fails_with_enospc() {
         .stderr(stderr)
         .spawn()
         .expect("spawn unshare");
-    let mut child = Reaped(child);
-    let line = ready_line(&mut child.0).unwrap_or_else(|_| {
+    let mut child = ChildGuard::new(child, "the server on a tmpfs");
+    let line = ready_line(child.child()).unwrap_or_else(|_| {
         panic!(
             "the server on a tmpfs did not become ready; stderr:\n{}",
             std::fs::read_to_string(&stderr_path).unwrap_or_default()

@@ -198,3 +198,45 @@ fn a_blocked_getjob_never_misses_its_wake_up_under_concurrent_creates() {
         );
     });
 }
+
+#[test]
+fn a_claim_that_fails_a_worn_out_retry_after_job_hands_out_the_next_due_one() {
+    // A woken waiter takes "found nothing" to mean that nothing it could
+    // take is due. A claim whose only candidate was a retryAfter job at its
+    // hand-out limit (FAILED instead) must still find the job due behind it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(async {
+        let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
+        let queue = Queue::start(store.clone(), QueueConfig::default());
+        queue.ready().await;
+        let mut worn = CreateJob::named("worn");
+        worn.retry_after = Some(jobmgr::protocol::RetryAfter::parse("+1 HOUR").unwrap());
+        worn.data
+            .insert("retryAfterCount".into(), serde_json::json!(10));
+        let worn = queue.create(worn).await.unwrap();
+        let next = queue.create(CreateJob::named("next")).await.unwrap();
+        let handed = queue
+            .get_jobs(
+                GetJobs {
+                    pattern: NamePattern::Glob("*".into()),
+                    num_results: 1,
+                    priority: None,
+                    lease: LeaseTerm::Millis(600_000),
+                    worker: None,
+                },
+                Some(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap();
+        let ids: Vec<JobId> = handed.iter().map(|h| h.job.id).collect();
+        assert_eq!(ids, vec![next], "the job due behind the worn-out one");
+        assert_eq!(queue.query(worn).await.unwrap().state, JobState::Failed);
+        queue.shutdown();
+        queue.settle().await;
+        store.close();
+    });
+}

@@ -84,7 +84,7 @@ struct Inner {
 /// A test's hook on claims: given the number of jobs a committed claim
 /// took, it may hold the answer back.
 #[cfg(test)]
-type ClaimHook = Arc<dyn Fn(usize) -> crate::server::store::BoxFuture<'static, ()> + Send + Sync>;
+type ClaimHook = Arc<dyn Fn(usize) -> crate::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// A claim's answer that its requester may stop waiting for: if dropped
 /// with the answer unread, the jobs in it are put back.

@@ -144,12 +144,36 @@ fn same_data(stored: &Data, incoming: &Data) -> bool {
     strip(stored) == strip(incoming)
 }
 
-/// GetJob(s): hands out up to `num_results` due jobs, best first.
+/// GetJob(s): hands out up to `num_results` due jobs, best first. A
+/// candidate worn out by [`MAX_RETRY_AFTER_HANDOUTS`] is FAILED and its
+/// place taken by the next due job, so that a claim finds nothing only when
+/// nothing it could take is due (a woken waiter relies on that).
 pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobError> {
+    let mut handed = Vec::with_capacity(cmd.num_results.min(1024));
+    loop {
+        let want = cmd.num_results - handed.len();
+        let candidates = tx.ready(&cmd.pattern, cmd.priority, want)?;
+        let found = candidates.len();
+        let before = handed.len();
+        for snapshot in candidates {
+            if let Some(handout) = hand_out(tx, cmd, snapshot)? {
+                handed.push(handout);
+            }
+        }
+        // Every candidate handed out (or fewer found than wanted): nothing
+        // more is due. A worn-out one left a place to fill: look again (each
+        // round FAILs at least one job, so this ends).
+        if handed.len() - before == found || handed.len() == cmd.num_results {
+            return Ok(handed);
+        }
+    }
+}
+
+/// Hands out one due job under a lease, or FAILs it (`None`) when it is a
+/// `retryAfter` job handed out [`MAX_RETRY_AFTER_HANDOUTS`] times already.
+fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<HandOut>, JobError> {
     let now = tx.now;
-    let candidates = tx.ready(&cmd.pattern, cmd.priority, cmd.num_results)?;
-    let mut handed = Vec::with_capacity(candidates.len());
-    for snapshot in candidates {
+    {
         let mut job = snapshot.clone();
         if !job.retry_after.is_empty()
             && !is_manual(&job.name)
@@ -160,7 +184,7 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
             job.lease = None;
             tx.update(&job)?;
             record::no_report(tx, &job)?;
-            continue;
+            return Ok(None);
         }
 
         let parent_data = if job.is_child() {
@@ -217,7 +241,7 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
         record::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref())?;
         let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
         let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
-        handed.push(HandOut {
+        Ok(Some(HandOut {
             job: snapshot,
             parent_data,
             finished_children,
@@ -226,9 +250,8 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
             lease_expires,
             lease_term_ms,
             attempt: job.attempts,
-        });
+        }))
     }
-    Ok(handed)
 }
 
 /// Bedrock's bookkeeping in the data of a `retryAfter` job handed out while

@@ -28,10 +28,32 @@ pub fn lock_path(db: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The path `db` resolves to: symlinks and `.`/`..` followed, for the file
+/// itself when it exists, else for its directory.
+fn resolved(db: &Path) -> PathBuf {
+    if let Ok(path) = db.canonicalize() {
+        return path;
+    }
+    let (Some(parent), Some(name)) = (db.parent(), db.file_name()) else {
+        return db.to_path_buf();
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    parent
+        .canonicalize()
+        .map(|dir| dir.join(name))
+        .unwrap_or_else(|_| db.to_path_buf())
+}
+
 impl StoreLock {
-    /// Takes the lock of the store at `db`, or says who holds it.
+    /// Takes the lock of the store at `db`, or says who holds it. The lock
+    /// file sits beside the file `db` resolves to, so that two paths to one
+    /// store (a symlink, `..`) share one lock.
     pub fn acquire(db: &Path) -> Result<Self, StoreOpenError> {
-        let path = lock_path(db);
+        let path = lock_path(&resolved(db));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -91,5 +113,25 @@ mod tests {
         }
         drop(first);
         StoreLock::acquire(&db).expect("free again once the holder let go");
+    }
+
+    #[test]
+    fn two_paths_to_one_store_share_its_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("data");
+        std::fs::create_dir(&real).unwrap();
+        let db = real.join("jobs.db");
+        std::fs::write(&db, b"").unwrap();
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&db, &link).unwrap();
+        let via_dir = dir.path().join("data/../data/jobs.db");
+        let _first = StoreLock::acquire(&db).unwrap();
+        for other in [&link, &via_dir] {
+            assert!(
+                matches!(StoreLock::acquire(other), Err(StoreOpenError::InUse { .. })),
+                "{} reaches the same store",
+                other.display()
+            );
+        }
     }
 }

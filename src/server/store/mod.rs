@@ -23,9 +23,6 @@ pub mod sqlite_error {
     pub use super::sqlite::StoreOpenError;
 }
 
-use std::future::Future;
-use std::pin::Pin;
-
 use tokio::sync::oneshot;
 
 use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
@@ -135,9 +132,6 @@ pub trait Store: Send + Sync {
         None
     }
 }
-
-/// A boxed future, for the helpers below.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl dyn Store {
     /// Runs `op` in a write transaction; resolves once the outcome is
