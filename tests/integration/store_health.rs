@@ -49,24 +49,32 @@ fn healthz_says_ok_while_every_write_fails_with_enospc() {
     let (status, health) = api.get("/healthz");
     assert_eq!((status, &health["status"]), (200, &json!("ok")), "{health}");
 
-    // 1 MiB of tmpfs holds a few dozen 64 KiB jobs at most.
-    let payload = "x".repeat(64 * 1024);
+    // 1 MiB of tmpfs holds a few dozen 64 KiB jobs at most. Fill it down to
+    // the last page, with smaller and smaller jobs, so that no write at all
+    // fits any more (a small background write that still fit would rightly
+    // show the store healthy again).
     let mut refused = None;
-    for i in 0..200 {
-        let (status, answer) = api.post(
-            "/jobs",
-            json!({"name": "fill", "data": {"i": i, "pad": payload}}),
-        );
-        if status != 200 {
-            refused = Some((status, answer));
-            break;
+    for pad in [64 * 1024, 4 * 1024, 256, 0] {
+        let payload = "x".repeat(pad);
+        refused = None;
+        for i in 0..20_000 {
+            let (status, answer) = api.post(
+                "/jobs",
+                json!({"name": "fill", "data": {"i": i, "pad": payload}}),
+            );
+            if status != 200 {
+                refused = Some((status, answer));
+                break;
+            }
         }
     }
-    let (status, answer) = refused.expect("a 1 MiB store refused a write");
+    let (status, answer) = refused.expect("a full 1 MiB store refused even the smallest write");
     assert!(status >= 500, "{status} {answer}");
 
-    let (status, health) = api.get("/healthz");
-    assert_eq!(status, 503, "healthz while writes fail: {health}");
+    let health = poll("healthz to say the store cannot write", || {
+        let (status, health) = api.get("/healthz");
+        (status == 503).then_some(health)
+    });
     assert_eq!(health["status"], "failing", "{health}");
     let reason = health["reason"].as_str().unwrap_or_default();
     assert!(
