@@ -614,6 +614,78 @@ fn a_hand_back_under_a_stale_lease_is_refused_over_bedrock() {
     assert_eq!(api.job(id)["state"], "RUNNING", "the new holder keeps it");
 }
 
+#[test]
+fn a_hand_out_from_before_the_upgrade_is_handed_back_with_retry_job() {
+    use jobmgr::client::{HttpSource, JobSource};
+
+    let mut server = Server::start();
+    let id = server.api().create(json!({"name": "hb"}));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let source = HttpSource::new(&server.url, None).expect("source");
+    let job = runtime
+        .block_on(source.get_jobs("hb", 1, Duration::ZERO, Duration::from_secs(3600)))
+        .expect("get_jobs")
+        .into_iter()
+        .next()
+        .expect("the job is handed out");
+    // As if it was handed out by a server that kept no copy of it.
+    server.kill9();
+    let db = rusqlite::Connection::open(&server.db).expect("open the store");
+    db.execute("DELETE FROM jobs_before_handout", [])
+        .expect("forget the copy");
+    drop(db);
+    server.start_again_on_the_same_port();
+    let api = server.api();
+
+    assert_error(
+        post_lease(&api, id, "handback", &json!(job.lease)),
+        409,
+        "hand_out_not_kept",
+    );
+    assert_eq!(api.job(id)["state"], "RUNNING", "a refusal changes nothing");
+    runtime
+        .block_on(source.hand_back(&job))
+        .expect("the source falls back to RetryJob");
+    assert_eq!(api.job(id)["state"], "QUEUED");
+    assert_eq!(api.outcomes(id), ["retried"]);
+}
+
+#[test]
+fn a_deleted_or_purged_job_leaves_no_copy_from_before_its_hand_out() {
+    let server = Server::builder()
+        .arg("--history-max-count")
+        .arg("0")
+        .start();
+    let api = server.api();
+    let kept = |what: &str| -> Vec<i64> {
+        let db = rusqlite::Connection::open(&server.db).expect("open the store");
+        let mut ids = db
+            .prepare("SELECT job_id FROM jobs_before_handout ORDER BY job_id")
+            .expect(what);
+        ids.query_map([], |row| row.get(0))
+            .expect(what)
+            .collect::<Result<_, _>>()
+            .expect(what)
+    };
+    let finished = api.create(json!({"name": "done"}));
+    let failed = api.create(json!({"name": "fails"}));
+    let running = api.create(json!({"name": "runs"}));
+    for (id, name) in [(finished, "done"), (failed, "fails"), (running, "runs")] {
+        assert_eq!(api.take(name)["jobID"], id);
+    }
+    assert_eq!(kept("after the hand-outs"), [finished, failed, running]);
+
+    assert_eq!(
+        api.post(&format!("/jobs/{finished}/finish"), json!({})).0,
+        200
+    );
+    assert_eq!(api.post(&format!("/jobs/{failed}/fail"), json!({})).0, 200);
+    assert_eq!(kept("after the reports"), [failed, running]);
+    let (status, purged) = api.post("/purge", json!({}));
+    assert_eq!((status, &purged["failed"]), (200, &json!(1)), "{purged}");
+    assert_eq!(kept("after the purge"), [running]);
+}
+
 // ---------------------------------------------------------------------------
 // One bad hand-out does not strand its batch
 // ---------------------------------------------------------------------------
