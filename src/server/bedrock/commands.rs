@@ -8,8 +8,8 @@
 //! lease fields; `Heartbeat` renews it; UpdateJob, FinishJob, RetryJob and
 //! FailJob with `lease` are refused (`409 Lease lost`) once it lapsed;
 //! `HandBackJob` puts back, under its lease, a job its holder never started,
-//! as it was before the hand-out. A
-//! request without these fields is answered exactly as Bedrock answers it.
+//! as it was before the hand-out. A request without these fields is
+//! answered exactly as Bedrock answers it.
 
 use std::time::Duration;
 
