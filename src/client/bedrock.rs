@@ -49,8 +49,8 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::source::{
-    FetchMode, JobSource, LeasedJob, Report, SourceError, Unreadable, read_handouts,
-    refuse_unreadable,
+    FetchMode, JobSource, LeasedJob, Report, SourceError, Unreadable, hand_back_by_retry,
+    read_handouts, refuse_unreadable,
 };
 use crate::future::BoxFuture;
 use crate::protocol::repeat::Unit;
@@ -480,6 +480,25 @@ impl JobSource for BedrockSource {
                 request = request.json("data", data)?;
             }
             self.job_command(request, id).await
+        })
+    }
+
+    /// `HandBackJob` under the job's lease (jobmgr's port). A job handed
+    /// out without a lease (a real Bedrock), or a refusal (an older jobmgr
+    /// that does not know the command, or kept no copy of the job from
+    /// before the hand-out), is handed back with RetryJob instead.
+    fn hand_back<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let Some(lease) = &job.lease else {
+                return hand_back_by_retry(self, job).await;
+            };
+            let request = Request::new("HandBackJob")
+                .value("jobID", job.id)
+                .text("lease", lease);
+            match self.job_command(request, job.id).await {
+                Err(SourceError::Refused(_)) => hand_back_by_retry(self, job).await,
+                other => other,
+            }
         })
     }
 

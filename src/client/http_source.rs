@@ -7,7 +7,9 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::source::{JobSource, LeasedJob, Report, SourceError, read_handouts, refuse_unreadable};
+use super::source::{
+    JobSource, LeasedJob, Report, SourceError, hand_back_by_retry, read_handouts, refuse_unreadable,
+};
 use super::{ClientError, HttpClient};
 use crate::future::BoxFuture;
 use crate::protocol::{CreateJob, Data, JobId, RunFacts, WorkerInfo};
@@ -37,6 +39,16 @@ impl HttpSource {
             older_server: Arc::new(AtomicBool::new(false)),
         })
     }
+}
+
+/// Whether the server cannot hand a job back exactly: it has no such route
+/// (it is older than this supervisor), or kept no copy of the job from
+/// before the hand-out.
+fn cannot_hand_back(error: &ClientError) -> bool {
+    matches!(
+        error.code(),
+        Some("no_such_route" | "method_not_allowed" | "hand_out_not_kept")
+    )
 }
 
 fn source_error(error: ClientError) -> SourceError {
@@ -248,6 +260,30 @@ impl JobSource for HttpSource {
                 Ok(_) => Ok(()),
                 Err(error) => Err(match source_error(error) {
                     SourceError::LeaseLost(_) => SourceError::LeaseLost(id),
+                    other => other,
+                }),
+            }
+        })
+    }
+
+    /// `POST /jobs/{id}/handback` under the job's lease; a server without
+    /// the route, or that kept no copy of the job from before the
+    /// hand-out, is sent RetryJob instead.
+    fn hand_back<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let Some(lease) = &job.lease else {
+                return hand_back_by_retry(self, job).await;
+            };
+            let path = format!("/jobs/{}/handback", job.id);
+            match self
+                .client
+                .quick(Method::POST, &path, Some(&json!({"lease": lease})))
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(error) if cannot_hand_back(&error) => hand_back_by_retry(self, job).await,
+                Err(error) => Err(match source_error(error) {
+                    SourceError::LeaseLost(_) => SourceError::LeaseLost(job.id),
                     other => other,
                 }),
             }

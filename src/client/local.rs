@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use super::source::{JobSource, LeasedJob, Report, SourceError, read_handouts, refuse_unreadable};
+use super::source::{
+    JobSource, LeasedJob, Report, SourceError, hand_back_by_retry, read_handouts, refuse_unreadable,
+};
 use crate::future::BoxFuture;
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
@@ -108,6 +110,18 @@ impl JobSource for LocalSource {
                 .await
                 .map(|_| ())
                 .map_err(source_error)
+        })
+    }
+
+    fn hand_back<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(async move {
+            let Some(lease) = &job.lease else {
+                return hand_back_by_retry(self, job).await;
+            };
+            match self.queue.hand_back(job.id, lease.clone()).await {
+                Err(JobError::HandOutNotKept(_)) => hand_back_by_retry(self, job).await,
+                other => other.map_err(source_error),
+            }
         })
     }
 

@@ -172,6 +172,22 @@ pub async fn refuse_unreadable<S: JobSource + ?Sized>(source: &S, unreadable: Ve
     }
 }
 
+/// Hands a job back with RetryJob at once under its lease, its repeat
+/// ignored: the put-back where the server has no exact one. Unlike a
+/// hand-back, it counts the attempt, and a resumed parent's finished
+/// children are deleted with it.
+pub async fn hand_back_by_retry<S: JobSource + ?Sized>(
+    source: &S,
+    job: &LeasedJob,
+) -> Result<(), SourceError> {
+    let back = Report::Retry {
+        delay_secs: 0,
+        ignore_repeat: true,
+        data: None,
+    };
+    source.report(job.id, job.lease.as_deref(), &back).await
+}
+
 /// How a job ended, as reported to the server.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -313,6 +329,15 @@ pub trait JobSource: Send + Sync {
     ) -> BoxFuture<'a, Result<(), SourceError>> {
         let _ = run;
         self.report(id, lease, report)
+    }
+
+    /// Hands back, under its lease, a job this supervisor never started (it
+    /// arrived after the supervisor stopped taking jobs): the server puts it
+    /// back exactly as it was before the hand-out, counting no attempt. A
+    /// server without that command (a real Bedrock, an older jobmgr) is
+    /// sent [`hand_back_by_retry`] instead.
+    fn hand_back<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
+        Box::pin(hand_back_by_retry(self, job))
     }
 
     /// Creates a job (used to declare recurring jobs from configuration).

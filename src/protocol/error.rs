@@ -73,6 +73,15 @@ pub enum JobError {
     /// FailJob on a job that is not held.
     #[error("Can only fail RUNNING or RUNQUEUED jobs")]
     NotHeldForFail,
+    /// HandBackJob on a job that is not held.
+    #[error("Can only hand back RUNNING or RUNQUEUED jobs")]
+    NotHeldForHandBack,
+    /// HandBackJob on a hand-out the server kept no copy of the job from
+    /// before (one made before an upgrade to a server that keeps it).
+    #[error(
+        "Cannot hand back job {0}: the server kept no copy of it from before this hand-out; retry it instead"
+    )]
+    HandOutNotKept(JobId),
     /// DeleteJob on a running job.
     #[error("Can't delete a RUNNING job")]
     DeleteRunning,
@@ -118,7 +127,8 @@ impl JobError {
             NoJobFound | NoSuchJob | ParentMissing | ChildOfOtherParent | CancelParent
             | CancelOrphan => 404,
             ParentNotRunning | Grandchild | NotHeldForFinish | ParentNotPaused | NotHeldForFail
-            | DeleteRunning | DeletePaused | OutstandingChildren => 405,
+            | NotHeldForHandBack | HandOutNotKept(_) | DeleteRunning | DeletePaused
+            | OutstandingChildren => 405,
             LeaseLost(_) | IdempotencyKeyReused(_) => 409,
             UnrecognizedCommand => 430,
             Store(_) => 502,
@@ -153,6 +163,8 @@ impl JobError {
                     NotHeldForFinish => "not_held_for_finish",
                     ParentNotPaused => "parent_not_paused",
                     NotHeldForFail => "not_held_for_fail",
+                    NotHeldForHandBack => "not_held_for_hand_back",
+                    HandOutNotKept(_) => "hand_out_not_kept",
                     DeleteRunning => "delete_running",
                     DeletePaused => "delete_paused",
                     OutstandingChildren => "outstanding_children",

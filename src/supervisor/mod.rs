@@ -33,7 +33,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{JobSource, LeasedJob, Report, SourceError};
+use crate::client::{JobSource, LeasedJob, SourceError};
 use crate::config::ConfigError;
 use crate::protocol::WorkerInfo;
 use gate::{Gate, LoadSource};
@@ -739,9 +739,9 @@ const FETCH_MARGIN: Duration = Duration::from_secs(5);
 const HANDBACK_GRACE: Duration = Duration::from_secs(5);
 
 /// Waits for an abandoned fetch's answer and hands back every job it
-/// brings (RetryJob at once under its lease, its repeat ignored, as a drain
-/// hands back a stopped job), so that a fetch the supervisor stopped
-/// waiting for never leaves jobs leased to nobody.
+/// brings ([`JobSource::hand_back`]: as it was before the hand-out, where
+/// the server can), so that a fetch the supervisor stopped waiting for
+/// never leaves jobs leased to nobody.
 async fn hand_back_when_answered(
     source: Arc<dyn JobSource>,
     fetch: tokio::task::JoinHandle<Result<Vec<LeasedJob>, SourceError>>,
@@ -749,13 +749,8 @@ async fn hand_back_when_answered(
     let Ok(Ok(jobs)) = fetch.await else {
         return;
     };
-    let back = Report::Retry {
-        delay_secs: 0,
-        ignore_repeat: true,
-        data: None,
-    };
     for job in jobs {
-        match source.report(job.id, job.lease.as_deref(), &back).await {
+        match source.hand_back(&job).await {
             Ok(()) => tracing::info!(
                 job_id = job.id,
                 job_name = %job.name,

@@ -493,6 +493,34 @@ fn serve_leaseless(
 }
 
 #[test]
+fn against_a_real_bedrock_a_hand_back_is_an_immediate_retry_job() {
+    let bedrock = LeaselessBedrock::start();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let source = BedrockSource::new(&bedrock.addr).expect("Bedrock address");
+    let job = runtime
+        .block_on(source.get_jobs("plain", 1, Duration::ZERO, Duration::from_secs(60)))
+        .expect("get_jobs")
+        .into_iter()
+        .next()
+        .expect("job 7 is handed out");
+    assert_eq!(job.lease, None);
+    runtime
+        .block_on(source.hand_back(&job))
+        .expect("handed back");
+    let seen = bedrock.seen();
+    let back = seen
+        .iter()
+        .find(|h| h.starts_with("RetryJob"))
+        .unwrap_or_else(|| panic!("no RetryJob was sent: {seen:?}"));
+    assert!(back.contains("jobID: 7"), "{back}");
+    assert!(back.contains("delay: 0"), "{back}");
+    assert!(
+        !seen.iter().any(|h| h.starts_with("HandBackJob")),
+        "a real Bedrock was sent HandBackJob: {seen:?}"
+    );
+}
+
+#[test]
 fn against_a_real_bedrock_a_job_is_stopped_before_its_retry_after_hands_it_out_again() {
     // Bedrock hands a job with retryAfter out again once it passes, and its
     // term cannot be renewed: the worker must be stopped before then, and

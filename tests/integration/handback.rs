@@ -1,6 +1,7 @@
 //! What the supervisor owes the jobs it was handed: its report keeps the
 //! progress the worker sent, a fetch it stopped waiting for hands its jobs
-//! back, and one hand-out it cannot read does not strand the rest of its
+//! back exactly as they were before the hand-out (HandBackJob, refused
+//! under a stale lease), and one hand-out it cannot read does not strand the rest of its
 //! batch. The fetch cases put a small HTTP relay between the supervisor and
 //! the real server, which can hold an answer (the jobs are leased, the
 //! answer is "on the wire") or spoil one hand-out of a batch.
@@ -386,6 +387,303 @@ fn a_fetch_in_flight_on_sighup_is_not_dropped() {
     wait_for(&format!("job {id} to run and finish"), &sup, || {
         (out.path().join(format!("ran-{id}")).exists() && api.state(id).is_none()).then_some(())
     });
+}
+
+// ---------------------------------------------------------------------------
+// A hand-back puts the job back exactly as it was before the hand-out
+// ---------------------------------------------------------------------------
+
+/// Lets the held fetch of a quieted supervisor answer, and waits until it
+/// handed the job back.
+fn quiet_and_hand_back(proxy: &Proxy, sup: &Supervisor) {
+    proxy.wait_held(sup);
+    sup.signal(Signal::SIGTSTP);
+    wait_log(sup, "quiet: no more jobs will be taken");
+    proxy.release();
+    wait_log(
+        sup,
+        "handed back a job that arrived after the supervisor stopped taking jobs",
+    );
+}
+
+/// POSTs `{"lease": lease}` to a job's `action`.
+fn post_lease(api: &Api, id: i64, action: &str, lease: &Value) -> (u16, Value) {
+    api.post(&format!("/jobs/{id}/{action}"), json!({ "lease": lease }))
+}
+
+#[test]
+fn a_handed_back_resumed_parent_keeps_its_finished_children() {
+    let server = Server::start();
+    let api = server.api();
+    let out = tempfile::tempdir().unwrap();
+    // A parent whose first run made a child, which finished: the parent is
+    // queued again, and its next hand-out brings the child's result.
+    let parent = api.create(json!({"name": "Held"}));
+    let run = api.take("Held");
+    let child = api.create(json!({"name": "Child", "parentJobID": parent, "data": {"r": 7}}));
+    assert_eq!(post_lease(&api, parent, "finish", &run["lease"]).0, 200);
+    let child_run = api.take("Child");
+    let (status, body) = api.post(
+        &format!("/jobs/{child}/finish"),
+        json!({"lease": child_run["lease"], "data": {"r": 7}}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(api.state(parent).as_deref(), Some("QUEUED"));
+
+    // The resumed parent is handed to a supervisor that stops taking jobs
+    // before the hand-out arrives, and hands it back.
+    let (proxy, sup) = held_fetch(&server, out.path());
+    quiet_and_hand_back(&proxy, &sup);
+    let handout = &proxy.answers()[0]["jobs"][0];
+    assert_eq!(handout["finishedChildJobs"][0]["jobID"], child, "{handout}");
+
+    assert_eq!(api.state(parent).as_deref(), Some("QUEUED"));
+    assert_eq!(
+        api.state(child).as_deref(),
+        Some("FINISHED"),
+        "the hand-back deleted the parent's finished child"
+    );
+    let next = api.take("Held");
+    assert_eq!(
+        next["finishedChildJobs"],
+        json!([{"jobID": child, "data": {"r": 7}}]),
+        "the parent's next run does not get its child's result: {next}"
+    );
+    assert!(!out.path().join(format!("ran-{parent}")).exists());
+}
+
+#[test]
+fn a_handed_back_job_keeps_its_attempts_and_retry_after_count() {
+    let server = Server::start();
+    let api = server.api();
+    let out = tempfile::tempdir().unwrap();
+    // A retryAfter job handed out three times without a report (Bedrock
+    // counts them in its data, and fails the job at 10).
+    let id = api.create(json!({
+        "name": "Held",
+        "retryAfter": "+1 HOUR",
+        "data": {"keep": 1, "retryAfterCount": 3},
+    }));
+    let before = api.job(id);
+    assert_eq!(before["attempts"], 0, "{before}");
+
+    let (proxy, sup) = held_fetch(&server, out.path());
+    quiet_and_hand_back(&proxy, &sup);
+    let handout = &proxy.answers()[0]["jobs"][0];
+    assert_eq!(handout["jobID"], id, "{handout}");
+
+    let after = api.job(id);
+    for field in ["state", "data", "nextRun", "lastRun", "attempts", "lapses"] {
+        assert_eq!(
+            after[field], before[field],
+            "the hand-back changed {field}: before {before}, after {after}"
+        );
+    }
+    assert_eq!(after["data"]["retryAfterCount"], 3, "{after}");
+    assert!(
+        api.outcomes(id).is_empty(),
+        "the hand-out stayed in the job's history: {:?}",
+        api.outcomes(id)
+    );
+    let next = api.take("Held");
+    assert_eq!(
+        next["attempt"], 1,
+        "the hand-back counted an attempt: {next}"
+    );
+}
+
+#[test]
+fn a_hand_back_under_a_stale_lease_is_refused_over_http() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "hb", "data": {"v": 1}}));
+    let first = api.take("hb");
+
+    // Not this hand-out's lease, no lease at all: refused, nothing changed.
+    assert_error(
+        post_lease(&api, id, "handback", &json!("not-the-lease")),
+        409,
+        "lease_lost",
+    );
+    assert_error(
+        api.post(&format!("/jobs/{id}/handback"), json!({})),
+        400,
+        "missing_lease",
+    );
+    assert_eq!(api.job(id)["state"], "RUNNING");
+
+    // The holder's hand-back: the job is as before, its attempt uncounted.
+    assert_eq!(post_lease(&api, id, "handback", &first["lease"]).0, 200);
+    let job = api.job(id);
+    assert_eq!(
+        (&job["state"], &job["attempts"]),
+        (&json!("QUEUED"), &json!(0)),
+        "{job}"
+    );
+
+    // The same lease again, on a job no longer held under it: refused.
+    assert_error(
+        post_lease(&api, id, "handback", &first["lease"]),
+        409,
+        "lease_lost",
+    );
+    // A later holder is not disturbed by the earlier one's stale lease.
+    let second = api.take("hb");
+    assert_eq!(second["attempt"], 1, "{second}");
+    assert_error(
+        post_lease(&api, id, "handback", &first["lease"]),
+        409,
+        "lease_lost",
+    );
+    assert_eq!(api.job(id)["state"], "RUNNING");
+    assert_error(
+        post_lease(&api, 999_999, "handback", &first["lease"]),
+        404,
+        "no_such_job",
+    );
+}
+
+/// One Bedrock request on its own connection: the status line.
+fn bedrock_status(server: &Server, method: &str, headers: &[(&str, &str)]) -> String {
+    let mut request = format!("{method}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("Connection: close\r\n\r\n");
+    let answer = raw_exchange(&server.bedrock, request.as_bytes());
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_hand_back_under_a_stale_lease_is_refused_over_bedrock() {
+    use jobmgr::client::{BedrockSource, JobSource};
+
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "hb", "data": {"v": 1}}));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let source = BedrockSource::new(&server.bedrock).expect("Bedrock address");
+    let lease = Duration::from_secs(3600);
+    let get = |what: &str| {
+        runtime
+            .block_on(source.get_jobs("hb", 1, Duration::ZERO, lease))
+            .expect(what)
+            .into_iter()
+            .next()
+            .expect(what)
+    };
+    let first = get("the first hand-out");
+    let token = first.lease.clone().expect("jobmgr's port gives a lease");
+    let job_id = id.to_string();
+
+    let stale = bedrock_status(
+        &server,
+        "HandBackJob",
+        &[("jobID", &job_id), ("lease", "not-the-lease")],
+    );
+    assert!(stale.starts_with("409 Lease lost"), "{stale}");
+    let missing = bedrock_status(&server, "HandBackJob", &[("jobID", &job_id)]);
+    assert!(missing.starts_with("402 Missing lease"), "{missing}");
+    assert_eq!(api.job(id)["state"], "RUNNING");
+
+    // The source hands back with the command: as before, no attempt.
+    runtime
+        .block_on(source.hand_back(&first))
+        .expect("the holder hands back");
+    let job = api.job(id);
+    assert_eq!(
+        (&job["state"], &job["attempts"]),
+        (&json!("QUEUED"), &json!(0)),
+        "{job}"
+    );
+    assert!(api.outcomes(id).is_empty(), "{:?}", api.outcomes(id));
+
+    let second = get("the second hand-out");
+    assert_eq!(second.attempt, 1, "{:?}", second.handout);
+    let late = bedrock_status(
+        &server,
+        "HandBackJob",
+        &[("jobID", &job_id), ("lease", &token)],
+    );
+    assert!(late.starts_with("409 Lease lost"), "{late}");
+    assert_eq!(
+        runtime.block_on(source.hand_back(&first)),
+        Err(jobmgr::client::SourceError::LeaseLost(id)),
+        "a stale hand-back is not turned into a RetryJob"
+    );
+    assert_eq!(api.job(id)["state"], "RUNNING", "the new holder keeps it");
+}
+
+#[test]
+fn a_hand_out_from_before_the_upgrade_is_handed_back_with_retry_job() {
+    use jobmgr::client::{HttpSource, JobSource};
+
+    let mut server = Server::start();
+    let id = server.api().create(json!({"name": "hb"}));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let source = HttpSource::new(&server.url, None).expect("source");
+    let job = runtime
+        .block_on(source.get_jobs("hb", 1, Duration::ZERO, Duration::from_secs(3600)))
+        .expect("get_jobs")
+        .into_iter()
+        .next()
+        .expect("the job is handed out");
+    // As if it was handed out by a server that kept no copy of it.
+    server.kill9();
+    let db = rusqlite::Connection::open(&server.db).expect("open the store");
+    db.execute("DELETE FROM jobs_before_handout", [])
+        .expect("forget the copy");
+    drop(db);
+    server.start_again_on_the_same_port();
+    let api = server.api();
+
+    assert_error(
+        post_lease(&api, id, "handback", &json!(job.lease)),
+        409,
+        "hand_out_not_kept",
+    );
+    assert_eq!(api.job(id)["state"], "RUNNING", "a refusal changes nothing");
+    runtime
+        .block_on(source.hand_back(&job))
+        .expect("the source falls back to RetryJob");
+    assert_eq!(api.job(id)["state"], "QUEUED");
+    assert_eq!(api.outcomes(id), ["retried"]);
+}
+
+#[test]
+fn a_deleted_or_purged_job_leaves_no_copy_from_before_its_hand_out() {
+    let server = Server::builder()
+        .arg("--history-max-count")
+        .arg("0")
+        .start();
+    let api = server.api();
+    let kept = |what: &str| -> Vec<i64> {
+        let db = rusqlite::Connection::open(&server.db).expect("open the store");
+        let mut ids = db
+            .prepare("SELECT job_id FROM jobs_before_handout ORDER BY job_id")
+            .expect(what);
+        ids.query_map([], |row| row.get(0))
+            .expect(what)
+            .collect::<Result<_, _>>()
+            .expect(what)
+    };
+    let finished = api.create(json!({"name": "done"}));
+    let failed = api.create(json!({"name": "fails"}));
+    let running = api.create(json!({"name": "runs"}));
+    for (id, name) in [(finished, "done"), (failed, "fails"), (running, "runs")] {
+        assert_eq!(api.take(name)["jobID"], id);
+    }
+    assert_eq!(kept("after the hand-outs"), [finished, failed, running]);
+
+    assert_eq!(
+        api.post(&format!("/jobs/{finished}/finish"), json!({})).0,
+        200
+    );
+    assert_eq!(api.post(&format!("/jobs/{failed}/fail"), json!({})).0, 200);
+    assert_eq!(kept("after the reports"), [failed, running]);
+    let (status, purged) = api.post("/purge", json!({}));
+    assert_eq!((status, &purged["failed"]), (200, &json!(1)), "{purged}");
+    assert_eq!(kept("after the purge"), [running]);
 }
 
 // ---------------------------------------------------------------------------

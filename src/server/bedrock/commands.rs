@@ -6,8 +6,10 @@
 //! Leases, for clients that ask (jobmgr's own supervisor): GetJob(s) with
 //! `leaseMs` hands out under a lease and answers with the HTTP dequeue's
 //! lease fields; `Heartbeat` renews it; UpdateJob, FinishJob, RetryJob and
-//! FailJob with `lease` are refused (`409 Lease lost`) once it lapsed. A
-//! request without these fields is answered exactly as Bedrock answers it.
+//! FailJob with `lease` are refused (`409 Lease lost`) once it lapsed;
+//! `HandBackJob` puts back, under its lease, a job its holder never started,
+//! as it was before the hand-out. A request without these fields is
+//! answered exactly as Bedrock answers it.
 
 use std::time::Duration;
 
@@ -141,7 +143,7 @@ impl<'a> Params<'a> {
 }
 
 /// The commands the port answers (lower-cased), for counting requests.
-const COMMANDS: [&str; 13] = [
+const COMMANDS: [&str; 14] = [
     "createjob",
     "createjobs",
     "getjob",
@@ -155,6 +157,7 @@ const COMMANDS: [&str; 13] = [
     "canceljob",
     "requeuejobs",
     "heartbeat",
+    "handbackjob",
 ];
 
 /// Runs one request and answers it; errors become their status lines.
@@ -315,6 +318,12 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
             Ok(Answer::ok(
                 json!({"leaseExpires": expires.map(|t| t.to_string()).unwrap_or_default()}),
             ))
+        }
+        "handbackjob" => {
+            let id = params.job_id()?;
+            let token = params.lease().ok_or(JobError::Missing("lease"))?;
+            queue.hand_back(id, token).await?;
+            Ok(Answer::empty())
         }
         _ => Err(JobError::UnrecognizedCommand),
     }

@@ -39,6 +39,7 @@ pub fn router(queue: Queue, token: Option<String>) -> Router {
         .route("/jobs/{id}/fail", post(routes::fail))
         .route("/jobs/{id}/cancel", post(routes::cancel))
         .route("/jobs/{id}/heartbeat", post(routes::heartbeat))
+        .route("/jobs/{id}/handback", post(routes::hand_back))
         .route("/dequeue", post(routes::dequeue))
         .route("/jobs/{id}/history", get(reports::history))
         .route("/stats", get(reports::stats))

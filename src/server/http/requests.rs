@@ -311,7 +311,7 @@ impl RetryJobRequest {
     }
 }
 
-/// `POST /jobs/{id}/heartbeat`.
+/// `POST /jobs/{id}/heartbeat` and `POST /jobs/{id}/handback`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {

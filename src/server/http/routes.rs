@@ -229,6 +229,22 @@ pub async fn heartbeat(
     ))
 }
 
+/// `POST /jobs/{id}/handback`: HandBackJob, the job as it was before the
+/// hand-out under the lease.
+pub async fn hand_back(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<HeartbeatRequest>,
+) -> Answer {
+    let id = job_id(&id)?;
+    let token = req
+        .lease
+        .filter(|t| !t.is_empty())
+        .ok_or(JobError::Missing("lease"))?;
+    queue.hand_back(id, token).await?;
+    ok()
+}
+
 /// `POST /jobs/requeue`: RequeueJobs.
 pub async fn requeue(State(queue): State<Queue>, Body(req): Body<RequeueRequest>) -> Answer {
     let count = queue.requeue(req.into_command()?).await?;

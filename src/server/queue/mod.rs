@@ -388,6 +388,12 @@ impl Queue {
             .await
     }
 
+    /// HandBackJob: puts back a job its holder never started, as it was
+    /// before the hand-out under `token`.
+    pub async fn hand_back(&self, id: JobId, token: String) -> Result<(), JobError> {
+        self.write(move |tx| rules::hand_back(tx, id, &token)).await
+    }
+
     /// QueryJob.
     pub async fn query(&self, id: JobId) -> Result<Job, JobError> {
         self.read(move |tx| tx.get(id)?.ok_or(JobError::NoSuchJob))

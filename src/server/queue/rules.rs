@@ -203,6 +203,7 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
         }
 
         let token = new_token();
+        tx.store().keep_before_handout(job.id, &token)?;
         job.last_run = Some(now.whole_second());
         job.scheduled_run = Some(snapshot.next_run);
         job.attempts += 1;
@@ -301,6 +302,26 @@ pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usiz
         }
     }
     Ok(returned)
+}
+
+/// HandBackJob: the holder of a hand-out it never started puts the job back
+/// exactly as it was before that hand-out (its state, due time, data,
+/// attempts and `retryAfter` count), as if it had never been handed out: no
+/// attempt, lapse or report is counted, and the ledger forgets the hand-out.
+/// Its children are untouched, so a resumed parent's next hand-out reports
+/// them again.
+pub fn hand_back(tx: &mut Tracked, id: JobId, token: &str) -> Result<(), JobError> {
+    let job = tx.existing(id)?;
+    check_lease(&job, Some(token))?;
+    if !job.state.is_held() {
+        return Err(JobError::NotHeldForHandBack);
+    }
+    let before = tx
+        .store()
+        .take_before_handout(id, token)?
+        .ok_or(JobError::HandOutNotKept(id))?;
+    tx.update(&before)?;
+    record::undelivered(tx, id)
 }
 
 /// Refuses a report whose token is not the job's current lease.

@@ -63,6 +63,12 @@ pub trait StoreTx {
     ) -> Result<Vec<Job>, JobError>;
     /// Every child of a job.
     fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError>;
+    /// Keeps the stored job as it is now, before a hand-out under `token`,
+    /// replacing what was kept at its previous hand-out.
+    fn keep_before_handout(&mut self, id: JobId, token: &str) -> Result<(), JobError>;
+    /// The job as it was before the hand-out under `token`, if that is its
+    /// latest hand-out; it is forgotten.
+    fn take_before_handout(&mut self, id: JobId, token: &str) -> Result<Option<Job>, JobError>;
     /// Up to `limit` running jobs whose lease expired at or before `now`.
     fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError>;
     /// Up to `limit` running jobs without a lease that lapses (handed out to

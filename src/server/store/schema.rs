@@ -142,6 +142,29 @@ const MIGRATIONS: &[&str] = &[
         created     INTEGER NOT NULL
     ) WITHOUT ROWID;
     CREATE INDEX idempotency_keys_created ON idempotency_keys (created);",
+    // 5: each job as it was before its latest hand-out, under that
+    // hand-out's lease token, so that the holder can hand it back exactly
+    // (HandBackJob) when it never started it.
+    "CREATE TABLE jobs_before_handout (
+        job_id        INTEGER PRIMARY KEY,
+        handout_token TEXT    NOT NULL,
+        name          TEXT    NOT NULL,
+        state         TEXT    NOT NULL,
+        data          TEXT    NOT NULL,
+        priority      INTEGER NOT NULL,
+        created       INTEGER NOT NULL,
+        next_run      INTEGER NOT NULL,
+        last_run      INTEGER,
+        repeat        TEXT    NOT NULL DEFAULT '',
+        retry_after   TEXT    NOT NULL DEFAULT '',
+        parent_id     INTEGER NOT NULL DEFAULT 0,
+        scheduled_run INTEGER,
+        lease_token   TEXT,
+        lease_expires INTEGER,
+        lease_term_ms INTEGER,
+        attempts      INTEGER NOT NULL DEFAULT 0,
+        lapses        INTEGER NOT NULL DEFAULT 0
+    );",
 ];
 
 /// The schema version this build writes.

@@ -386,6 +386,12 @@ impl StoreTx for FailingTx {
     fn children(&mut self, _: JobId) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())
     }
+    fn keep_before_handout(&mut self, _: JobId, _: &str) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn take_before_handout(&mut self, _: JobId, _: &str) -> Result<Option<Job>, JobError> {
+        Err(self.0.clone())
+    }
     fn expired_leases(&mut self, _: Timestamp, _: usize) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())
     }
@@ -571,12 +577,40 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn delete(&mut self, id: JobId) -> Result<(), JobError> {
+        for sql in [
+            "DELETE FROM jobs WHERE job_id = ?1",
+            "DELETE FROM jobs_before_handout WHERE job_id = ?1",
+        ] {
+            let mut statement = self.conn.prepare_cached(sql).map_err(store_error)?;
+            statement.execute([id]).map_err(store_error)?;
+        }
+        Ok(())
+    }
+
+    fn keep_before_handout(&mut self, id: JobId, token: &str) -> Result<(), JobError> {
         let mut statement = self
             .conn
-            .prepare_cached("DELETE FROM jobs WHERE job_id = ?1")
+            .prepare_cached(&format!(
+                "INSERT OR REPLACE INTO jobs_before_handout (handout_token, {COLUMNS}) \
+                 SELECT ?2, {COLUMNS} FROM jobs WHERE job_id = ?1"
+            ))
             .map_err(store_error)?;
-        statement.execute([id]).map_err(store_error)?;
+        statement.execute(params![id, token]).map_err(store_error)?;
         Ok(())
+    }
+
+    fn take_before_handout(&mut self, id: JobId, token: &str) -> Result<Option<Job>, JobError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(&format!(
+                "DELETE FROM jobs_before_handout WHERE job_id = ?1 AND handout_token = ?2 \
+                 RETURNING {COLUMNS}"
+            ))
+            .map_err(store_error)?;
+        statement
+            .query_row(params![id, token], read_job)
+            .optional()
+            .map_err(store_error)
     }
 
     fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError> {

@@ -650,6 +650,11 @@ impl LedgerTx for SqliteTx<'_> {
             "DELETE FROM jobs WHERE state = 'FAILED' AND job_id IN (SELECT job_id FROM temp.purged)",
             &[],
         )?;
+        exec(
+            "DELETE FROM jobs_before_handout WHERE job_id IN (SELECT job_id FROM temp.purged) \
+             AND job_id NOT IN (SELECT job_id FROM jobs)",
+            &[],
+        )?;
         let archived = exec(
             "DELETE FROM archive WHERE job_id IN (SELECT job_id FROM temp.purged)",
             &[],
