@@ -31,10 +31,28 @@ pub trait Clock: Send + Sync {
 /// `date -s`). Leases are judged by wall time while holders renew them by
 /// monotonic time, so a step of an hour would lapse every lease at once and
 /// hand out again jobs still running; the queue extends every lease by the
-/// step before it lapses any.
-#[derive(Debug)]
+/// step before its next operation runs.
+///
+/// The watch follows the store's transactions: each write looks at the clock
+/// ([`StepWatch::look`]) before its operation runs, and the reading counts
+/// as seen once the write is kept ([`StepWatch::kept`]) and, for good, once
+/// its transaction commits ([`StepWatch::ended`]). A step made up for in a
+/// transaction that rolls back is seen again by the next write, and one made
+/// up for in a kept write is not made up for again by a later one, even in
+/// the same group commit.
+#[derive(Debug, Default)]
 pub struct StepWatch {
-    last: Option<(Timestamp, std::time::Instant)>,
+    /// The last reading of a committed write.
+    committed: Option<Reading>,
+    /// The last reading of a kept write whose transaction is still open.
+    open: Option<Reading>,
+}
+
+/// A reading of the wall clock and of real (monotonic) time, taken together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    wall: Timestamp,
+    mono: std::time::Instant,
 }
 
 impl StepWatch {
@@ -44,20 +62,23 @@ impl StepWatch {
 
     /// A watch that has not looked yet.
     pub fn new() -> Self {
-        StepWatch { last: None }
+        Self::default()
     }
 
-    /// Looks at the wall clock reading `wall`, taken now: returns by how
-    /// many milliseconds it moved further than real time since the last
-    /// look, when that is a step (past [`StepWatch::THRESHOLD_MS`], plus 1%
-    /// of the time elapsed for slewing), else 0.
-    pub fn forward_step(&mut self, wall: Timestamp) -> i64 {
-        let mono = std::time::Instant::now();
-        let step = match self.last {
-            Some((last_wall, last_mono)) => {
-                let real = mono.duration_since(last_mono).as_millis() as i64;
-                let moved = wall.0 - last_wall.0;
-                let ahead = moved - real;
+    /// Looks at the wall clock reading `wall`, taken now: returns the
+    /// reading and by how many milliseconds the clock moved further than
+    /// real time since the last reading already in the store's state, when
+    /// that is a step (past [`StepWatch::THRESHOLD_MS`], plus 1% of the
+    /// time elapsed for slewing), else 0.
+    pub fn look(&self, wall: Timestamp) -> (Reading, i64) {
+        let now = Reading {
+            wall,
+            mono: std::time::Instant::now(),
+        };
+        let step = match self.open.or(self.committed) {
+            Some(last) => {
+                let real = now.mono.saturating_duration_since(last.mono).as_millis() as i64;
+                let ahead = (wall.0 - last.wall.0) - real;
                 if ahead > Self::THRESHOLD_MS + real / 100 {
                     ahead
                 } else {
@@ -66,14 +87,24 @@ impl StepWatch {
             }
             None => 0,
         };
-        self.last = Some((wall, mono));
-        step
+        (now, step)
     }
-}
 
-impl Default for StepWatch {
-    fn default() -> Self {
-        Self::new()
+    /// The write that took `reading` (and made up for its step) was kept in
+    /// the open transaction: later writes measure from it.
+    pub fn kept(&mut self, reading: Reading) {
+        self.open = Some(reading);
+    }
+
+    /// The transaction holding the kept write that took `reading` ended:
+    /// committed, or rolled back (then the write's step counts as unseen).
+    pub fn ended(&mut self, reading: Reading, committed: bool) {
+        if committed && self.committed.is_none_or(|last| last.mono <= reading.mono) {
+            self.committed = Some(reading);
+        }
+        if self.open == Some(reading) {
+            self.open = None;
+        }
     }
 }
 
@@ -140,8 +171,12 @@ impl Clock for FileClock {
             .is_none()
     }
 
+    /// A scripted time is looked at every 50 ms; an offset clock moves
+    /// with real time and is slept on as the system clock is, so that a
+    /// test stepping it sees what a step of the system clock does.
     fn longest_sleep(&self) -> Option<std::time::Duration> {
-        Some(std::time::Duration::from_millis(50))
+        self.is_scripted()
+            .then_some(std::time::Duration::from_millis(50))
     }
 
     fn now(&self) -> Timestamp {
@@ -179,18 +214,72 @@ mod tests {
         std::fs::write(&path, "+3600000").unwrap();
         assert!(clock.now() >= before.plus_millis(3_600_000));
         assert!(!clock.is_scripted(), "an offset moves with real time");
+        assert_eq!(clock.longest_sleep(), None);
         std::fs::write(&path, "soon").unwrap();
         assert!(clock.now() >= before);
+    }
+
+    /// Looks at `wall` and keeps the write in a transaction that then ends
+    /// (`Some(committed)`) or stays open (`None`); returns the step seen.
+    fn write(watch: &mut StepWatch, wall: Timestamp, ends: Option<bool>) -> i64 {
+        let (reading, step) = watch.look(wall);
+        watch.kept(reading);
+        if let Some(committed) = ends {
+            watch.ended(reading, committed);
+        }
+        step
     }
 
     #[test]
     fn a_step_watch_tells_a_step_from_time_passing() {
         let mut watch = StepWatch::new();
         let start = Timestamp::now();
-        assert_eq!(watch.forward_step(start), 0);
-        assert_eq!(watch.forward_step(start.plus_millis(100)), 0);
-        let step = watch.forward_step(start.plus_millis(3_600_000));
+        assert_eq!(write(&mut watch, start, Some(true)), 0);
+        assert_eq!(write(&mut watch, start.plus_millis(100), Some(true)), 0);
+        let step = write(&mut watch, start.plus_millis(3_600_000), Some(true));
         assert!(step > 3_500_000 && step <= 3_600_000, "{step}");
-        assert_eq!(watch.forward_step(start.plus_millis(3_600_000)), 0);
+        assert_eq!(
+            write(&mut watch, start.plus_millis(3_600_000), Some(true)),
+            0
+        );
+    }
+
+    #[test]
+    fn a_step_seen_in_a_transaction_that_rolled_back_is_seen_again() {
+        let mut watch = StepWatch::new();
+        let start = Timestamp::now();
+        write(&mut watch, start, Some(true));
+        let stepped = start.plus_millis(3_600_000);
+        assert!(write(&mut watch, stepped, Some(false)) > 0);
+        let again = write(&mut watch, stepped, Some(true));
+        assert!(
+            again > 3_500_000,
+            "the step was lost with the rollback: {again}"
+        );
+        assert_eq!(write(&mut watch, stepped, Some(true)), 0);
+    }
+
+    #[test]
+    fn a_step_seen_by_a_kept_write_is_not_seen_again_by_a_later_one() {
+        let mut watch = StepWatch::new();
+        let start = Timestamp::now();
+        write(&mut watch, start, Some(true));
+        let stepped = start.plus_millis(3_600_000);
+        // Two writes of one group commit: the second runs before the
+        // first's transaction has committed.
+        let (first, step) = watch.look(stepped);
+        assert!(step > 0);
+        watch.kept(first);
+        let (second, again) = watch.look(stepped);
+        assert_eq!(again, 0, "the step was made up for twice in one group");
+        watch.kept(second);
+        watch.ended(first, true);
+        watch.ended(second, true);
+        assert_eq!(write(&mut watch, stepped, Some(true)), 0);
+        // A write that failed (never kept) leaves the step unseen for the next.
+        let later = stepped.plus_millis(3_600_000);
+        let (_, step) = watch.look(later);
+        assert!(step > 0);
+        assert!(write(&mut watch, later, Some(true)) > 0);
     }
 }

@@ -8,6 +8,7 @@ pub mod idempotency;
 pub mod reports;
 mod rules;
 mod scheduler;
+mod steps;
 mod sweeper;
 mod tracked;
 mod waiters;
@@ -72,6 +73,8 @@ struct Inner {
     timer: Timer,
     config: QueueConfig,
     clock: Arc<dyn Clock>,
+    /// Tells a step of `clock` from time passing, for every write.
+    steps: Arc<Mutex<clock::StepWatch>>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
     /// Set once leases held before a restart were extended.
@@ -130,6 +133,16 @@ impl Timer {
         drop(state);
         self.notify.notify_one();
     }
+
+    /// Makes the scheduler look again at once: the moment it sleeps until
+    /// was reckoned by the clock before a step, and later commits compare
+    /// their moments with it.
+    fn wake_now(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.pending = Some(Timestamp(i64::MIN));
+        drop(state);
+        self.notify.notify_one();
+    }
 }
 
 impl Queue {
@@ -152,6 +165,7 @@ impl Queue {
                 timer: Timer::default(),
                 config,
                 clock,
+                steps: Arc::new(Mutex::new(clock::StepWatch::new())),
                 shutdown: CancellationToken::new(),
                 recovered: tokio::sync::watch::Sender::new(false),
                 tasks: TaskTracker::new(),
@@ -206,23 +220,44 @@ impl Queue {
     }
 
     /// Runs `op` in a durable write transaction, then wakes waiters for the
-    /// jobs it made due and sets the timer for those it scheduled.
+    /// jobs it made due and sets the timer for those it scheduled. Before
+    /// `op` runs, a forward step of the wall clock since the last write is
+    /// made up for in the same transaction (see `steps`).
     pub async fn write<R, F>(&self, op: F) -> Result<R, JobError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Tracked) -> Result<R, JobError> + Send + 'static,
     {
         let clock = Arc::clone(&self.inner.clock);
+        let watch = Arc::clone(&self.inner.steps);
+        let watch_after = Arc::clone(&watch);
         let gone_after = millis(self.inner.config.retention.worker_gone_after);
-        let (result, changes) = self
+        let (result, changes, _, stepped) = self
             .inner
             .store
-            .write(move |store| {
-                let mut tx = Tracked::new(store, clock.now(), gone_after);
-                let result = op(&mut tx)?;
-                Ok((result, tx.into_changes()))
-            })
+            .write_then(
+                move |store| {
+                    let mut tx = Tracked::new(store, clock.now(), gone_after);
+                    let (reading, stepped) =
+                        steps::make_up_for_step(&mut tx, &watch, clock.is_scripted())?;
+                    let result = op(&mut tx)?;
+                    watch
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .kept(reading);
+                    Ok((result, tx.into_changes(), reading, stepped))
+                },
+                move |(_, _, reading, _), committed| {
+                    watch_after
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .ended(*reading, committed);
+                },
+            )
             .await?;
+        if stepped {
+            self.inner.timer.wake_now();
+        }
         self.after_commit(changes);
         Ok(result)
     }
@@ -455,5 +490,7 @@ impl Queue {
     }
 }
 
+#[cfg(test)]
+mod step_tests;
 #[cfg(test)]
 mod wake_up_tests;

@@ -4,24 +4,14 @@
 //! due since it last looked. It never polls: with nothing scheduled it sleeps
 //! until a commit schedules something.
 //!
-//! Only this task lapses leases, so it is also where a forward step of the
-//! wall clock is made up for: before lapsing any lease, it compares how far
-//! the wall clock moved since its last look with how much real (monotonic)
-//! time passed, and extends every running lease by the difference. A holder
-//! heartbeating by monotonic time keeps its job; one that died lapses one
-//! step later, as it would have without the step. (A backward step only
-//! makes leases last longer, and is left alone.)
+//! Only this task lapses leases, but a forward step of the wall clock is
+//! made up for before any write, this task's included (see `steps`).
 
 use std::time::Duration;
 
-use std::sync::{Arc, Mutex};
-
-use super::clock::StepWatch;
-use super::tracked::Tracked;
 use super::waiters::DueJob;
 use super::{Queue, rules};
-use crate::protocol::{JobError, JobState, Timestamp};
-use crate::server::store::ListQuery;
+use crate::protocol::Timestamp;
 
 /// The most jobs named in one wake-up; past it, every waiter is woken.
 const MAX_NAMED: usize = 4096;
@@ -41,9 +31,8 @@ pub(super) async fn run(queue: Queue) {
         Err(error) => tracing::error!(%error, "cannot extend the leases held before the restart"),
     }
     inner.recovered.send_replace(true);
-    let steps = Arc::new(Mutex::new(StepWatch::new()));
     let mut last = queue.now();
-    let mut next = match tick(&queue, last, &steps).await {
+    let mut next = match tick(&queue, last).await {
         Ok((upto, next)) => {
             last = upto;
             next
@@ -69,7 +58,7 @@ pub(super) async fn run(queue: Queue) {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .armed = None;
-            match tick(&queue, last, &steps).await {
+            match tick(&queue, last).await {
                 Ok((upto, following)) => {
                     last = upto;
                     next = following;
@@ -102,29 +91,11 @@ pub(super) async fn run(queue: Queue) {
 
 /// Lapses expired leases, wakes waiters for jobs due in `(last, now]`, and
 /// finds the next moment to wake. Returns `now` and that moment.
-async fn tick(
-    queue: &Queue,
-    last: Timestamp,
-    steps: &Arc<Mutex<StepWatch>>,
-) -> Result<(Timestamp, Option<Timestamp>), ()> {
+async fn tick(queue: &Queue, last: Timestamp) -> Result<(Timestamp, Option<Timestamp>), ()> {
     let max_lapses = queue.inner.config.max_lapses;
     let anyone_waiting = !queue.inner.waiters.is_empty();
-    let scripted = queue.inner.clock.is_scripted();
-    let steps = Arc::clone(steps);
     let outcome = queue
         .write(move |tx| {
-            let step = steps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .forward_step(tx.now);
-            if step > 0 && !scripted {
-                let extended = extend_leases_by(tx, step)?;
-                tracing::warn!(
-                    step_ms = step,
-                    extended,
-                    "the wall clock stepped forward; running leases extended by the step"
-                );
-            }
             rules::expire_leases(tx, max_lapses)?;
             let now = tx.now;
             let due = if anyone_waiting {
@@ -154,34 +125,4 @@ async fn tick(
             Err(())
         }
     }
-}
-
-/// Moves every held job's lease expiry `step_ms` later (and, for a
-/// RUNQUEUED job, whose lease lapses by becoming due, its `nextRun`).
-/// Returns how many.
-fn extend_leases_by(tx: &mut Tracked, step_ms: i64) -> Result<usize, JobError> {
-    let mut held = tx.store().expired_leases(Timestamp(i64::MAX), usize::MAX)?;
-    // RUNQUEUED jobs are few; a step is rare.
-    held.extend(tx.store().list(&ListQuery {
-        state: Some(JobState::Runqueued),
-        limit: usize::MAX,
-        ..ListQuery::default()
-    })?);
-    let mut extended = 0;
-    for mut job in held {
-        let Some(lease) = job.lease.as_mut() else {
-            continue;
-        };
-        let Some(expires) = lease.expires else {
-            continue;
-        };
-        let expires = expires.plus_millis(step_ms);
-        lease.expires = Some(expires);
-        if job.state == JobState::Runqueued {
-            job.next_run = expires;
-        }
-        tx.update(&job)?;
-        extended += 1;
-    }
-    Ok(extended)
 }

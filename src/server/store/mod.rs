@@ -129,6 +129,8 @@ pub type ReadOp = Box<dyn FnOnce(&mut dyn StoreTx) + Send>;
 /// A durable home for jobs.
 pub trait Store: Send + Sync {
     /// Queues a write operation. Its reply is called after the commit.
+    /// Write operations run one at a time, and each reply is called before
+    /// any later write operation runs.
     fn submit(&self, op: WriteOp);
     /// Runs a read operation off the async runtime.
     fn submit_read(&self, op: ReadOp);
@@ -147,11 +149,27 @@ impl dyn Store {
         R: Send + 'static,
         F: FnOnce(&mut dyn StoreTx) -> Result<R, JobError> + Send + 'static,
     {
+        self.write_then(op, |_: &R, _| {}).await
+    }
+
+    /// As [`write`](#method.write), and once the transaction that kept
+    /// `op`'s changes has ended, calls `ended` with `op`'s result and
+    /// whether the transaction committed. `ended` runs on the writer,
+    /// before any later write operation runs; not at all if `op` failed.
+    pub async fn write_then<R, F, E>(&self, op: F, ended: E) -> Result<R, JobError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut dyn StoreTx) -> Result<R, JobError> + Send + 'static,
+        E: FnOnce(&R, bool) + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         self.submit(Box::new(move |store: &mut dyn StoreTx| {
             let result = op(store);
             let keep = result.is_ok();
             let reply: Reply = Box::new(move |commit_error| {
+                if let Ok(value) = &result {
+                    ended(value, commit_error.is_none());
+                }
                 let _ = tx.send(match commit_error {
                     None => result,
                     Some(error) => Err(error),

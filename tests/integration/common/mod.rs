@@ -808,7 +808,8 @@ pub struct Clock {
 }
 
 impl Clock {
-    /// A clock file reading `time` (`YYYY-MM-DD HH:MM:SS[.mmm]`, UTC).
+    /// A clock file reading `time` (`YYYY-MM-DD HH:MM:SS[.mmm]`, UTC; or
+    /// an offset from the system time in ms with its sign, `+3600000`).
     pub fn at(time: &str) -> Clock {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Clock {
