@@ -212,18 +212,21 @@ pub async fn cancel(
     ok()
 }
 
+/// The lease token a heartbeat or hand-back names: `402 Missing lease`
+/// without one.
+fn lease_of(req: HeartbeatRequest) -> Result<String, JobError> {
+    req.lease
+        .filter(|t| !t.is_empty())
+        .ok_or(JobError::Missing("lease"))
+}
+
 /// `POST /jobs/{id}/heartbeat`: renews a lease.
 pub async fn heartbeat(
     State(queue): State<Queue>,
     Path(id): Path<String>,
     Body(req): Body<HeartbeatRequest>,
 ) -> Answer {
-    let id = job_id(&id)?;
-    let token = req
-        .lease
-        .filter(|t| !t.is_empty())
-        .ok_or(JobError::Missing("lease"))?;
-    let expires = queue.heartbeat(id, token).await?;
+    let expires = queue.heartbeat(job_id(&id)?, lease_of(req)?).await?;
     Ok(Json(
         json!({"leaseExpires": expires.map(|t| t.to_string()).unwrap_or_default()}),
     ))
@@ -236,12 +239,7 @@ pub async fn hand_back(
     Path(id): Path<String>,
     Body(req): Body<HeartbeatRequest>,
 ) -> Answer {
-    let id = job_id(&id)?;
-    let token = req
-        .lease
-        .filter(|t| !t.is_empty())
-        .ok_or(JobError::Missing("lease"))?;
-    queue.hand_back(id, token).await?;
+    queue.hand_back(job_id(&id)?, lease_of(req)?).await?;
     ok()
 }
 
