@@ -123,3 +123,22 @@ fn a_bedrock_create_retried_with_its_idempotency_key_is_not_duplicated() {
     );
     assert!(reused.starts_with("409 Idempotency key b-1"), "{reused}");
 }
+
+#[test]
+fn an_idempotency_key_that_is_not_a_string_is_refused_and_creates_nothing() {
+    let server = Server::start();
+    let api = server.api();
+    for key in [json!(null), json!(""), json!(7), json!("x".repeat(256))] {
+        for (path, body) in [
+            ("/jobs", json!({"name": "Keyed", "idempotencyKey": key})),
+            (
+                "/jobs/batch",
+                json!({"jobs": [{"name": "Keyed"}], "idempotencyKey": key}),
+            ),
+        ] {
+            let (status, answer) = api.post(path, body);
+            assert_eq!(status, 400, "{path} with key {key}: {answer}");
+        }
+    }
+    assert_eq!(count(&api, "Keyed"), 0);
+}

@@ -134,7 +134,7 @@ pub struct CreateJobsRequest {
     /// The jobs.
     pub jobs: Vec<CreateJobRequest>,
     /// The batch's idempotency key.
-    #[serde(rename = "idempotencyKey", default)]
+    #[serde(rename = "idempotencyKey", default, deserialize_with = "given")]
     pub idempotency_key: Option<String>,
 }
 
