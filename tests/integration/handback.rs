@@ -17,36 +17,6 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
-/// A shell worker script.
-fn sh(body: &str) -> String {
-    format!("#!/bin/sh\n{body}\n")
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, or panics after
-/// [`DEADLINE`] naming `what` and showing the supervisor's log.
-fn wait_for<T>(what: &str, sup: &Supervisor, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting for {what}; supervisor stderr:\n{}",
-            sup.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until the job is in `state`; returns it.
-fn wait_state(api: &Api, sup: &Supervisor, id: i64, state: &str) -> Value {
-    wait_for(&format!("job {id} to be {state}"), sup, || {
-        let (status, job) = api.get(&format!("/jobs/{id}"));
-        (status == 200 && job["state"] == state).then_some(job)
-    })
-}
-
 /// Waits until the supervisor's log says `line`.
 fn wait_log(sup: &Supervisor, line: &str) {
     wait_for(&format!("the supervisor to log {line:?}"), sup, || {

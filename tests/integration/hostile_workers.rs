@@ -32,44 +32,13 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::common::*;
 
-/// A shell worker script.
-fn sh(body: &str) -> String {
-    format!("#!/bin/sh\n{body}\n")
-}
-
 /// The normal worker every test runs after its hostile one.
 const NORMAL: &str = "#!/bin/sh\ncat > /dev/null\necho '{\"normal\":true}'\n";
-
-/// Polls `check` until it returns `Some`, or panics after [`DEADLINE`]
-/// naming `what` and showing the supervisor's log.
-fn wait_for<T>(what: &str, sup: &Supervisor, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out after {DEADLINE:?} waiting for {what}; supervisor stderr:\n{}",
-            sup.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until the job is in `state`; returns it.
-fn wait_state(api: &Api, sup: &Supervisor, id: i64, state: &str) -> Value {
-    wait_for(&format!("job {id} to be {state}"), sup, || {
-        let job = api.job(id);
-        (job["state"] == state).then_some(job)
-    })
-}
 
 /// Waits until a file exists (workers write theirs with `mv`, so it is
 /// whole) and returns its text.

@@ -18,11 +18,6 @@ use serde_json::{Value, json};
 // Helpers
 // ---------------------------------------------------------------------------
 
-/// A shell worker script.
-fn sh(body: &str) -> String {
-    format!("#!/bin/sh\n{body}\n")
-}
-
 /// Several arguments at once.
 trait ManyArgs {
     fn args(self, args: &[&str]) -> Self;
@@ -31,17 +26,6 @@ trait ManyArgs {
 impl ManyArgs for SupervisorBuilder {
     fn args(self, args: &[&str]) -> Self {
         args.iter().fold(self, |builder, arg| builder.arg(arg))
-    }
-}
-
-/// Something with a log to show when a wait times out.
-trait Logs {
-    fn logs(&self) -> String;
-}
-
-impl Logs for Supervisor {
-    fn logs(&self) -> String {
-        format!("supervisor stderr:\n{}", self.stderr())
     }
 }
 
@@ -54,24 +38,6 @@ impl Logs for RawSupervisor {
     }
 }
 
-/// Polls `check` every 20 ms until it returns `Some`, or panics after
-/// [`DEADLINE`] naming `what` and showing the supervisor's log.
-fn wait_for<T>(what: &str, logs: &dyn Logs, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        if start.elapsed() > DEADLINE {
-            panic!(
-                "timed out after {DEADLINE:?} waiting for {what}; {}",
-                logs.logs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Waits until the job is gone from the server (finished and deleted).
 fn wait_gone(api: &Api, logs: &dyn Logs, id: i64) {
     wait_for(
@@ -79,14 +45,6 @@ fn wait_gone(api: &Api, logs: &dyn Logs, id: i64) {
         logs,
         || api.state(id).is_none().then_some(()),
     );
-}
-
-/// Waits until the job is in `state`; returns it.
-fn wait_state(api: &Api, logs: &dyn Logs, id: i64, state: &str) -> Value {
-    wait_for(&format!("job {id} to be {state}"), logs, || {
-        let (status, job) = api.get(&format!("/jobs/{id}"));
-        (status == 200 && job["state"] == state).then_some(job)
-    })
 }
 
 /// Waits until a file exists (workers write theirs with `mv`, so it is

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod process;
+mod waits;
 pub use process::*;
+pub use waits::*;
 
 /// The `jobmgr` binary under test.
 pub fn bin() -> &'static str {
