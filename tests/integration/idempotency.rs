@@ -142,3 +142,47 @@ fn an_idempotency_key_that_is_not_a_string_is_refused_and_creates_nothing() {
     }
     assert_eq!(count(&api, "Keyed"), 0);
 }
+
+#[test]
+fn a_bad_bedrock_idempotency_key_is_refused_and_creates_nothing() {
+    let server = Server::start();
+    let api = server.api();
+    let long = "k".repeat(256);
+    let answer = bedrock(
+        &server,
+        "CreateJob",
+        &format!("name: idem/bad\r\nidempotencyKey: {long}\r\n"),
+    );
+    assert!(answer.starts_with("402"), "{answer}");
+    assert_eq!(count(&api, "idem/bad"), 0);
+    // An empty value is no key, as for every Bedrock parameter: each
+    // create creates.
+    for _ in 0..2 {
+        let answer = bedrock(
+            &server,
+            "CreateJob",
+            "name: idem/empty\r\nidempotencyKey: \r\n",
+        );
+        assert!(answer.starts_with("200"), "{answer}");
+    }
+    assert_eq!(count(&api, "idem/empty"), 2);
+}
+
+#[test]
+fn a_server_refuses_a_requeue_age_below_a_second_or_unreadable() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for age in ["0s", "500ms", "soon"] {
+        let output = jobmgr_in(dir.path())
+            .args(["server", "--requeue-unleased-after", age])
+            .arg("--db")
+            .arg(dir.path().join("jobs.db"))
+            .args(["--http", "127.0.0.1:0", "--bedrock", "none"])
+            .run_bounded(&format!("a server refusing --requeue-unleased-after {age}"));
+        assert_eq!(output.status.code(), Some(2), "{age}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("--requeue-unleased-after"),
+            "{age}: {stderr}"
+        );
+    }
+}
