@@ -173,86 +173,84 @@ pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobErro
 /// `retryAfter` job handed out [`MAX_RETRY_AFTER_HANDOUTS`] times already.
 fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<HandOut>, JobError> {
     let now = tx.now;
+    let mut job = snapshot.clone();
+    if !job.retry_after.is_empty()
+        && !is_manual(&job.name)
+        && retry_after_count(&job.data) >= MAX_RETRY_AFTER_HANDOUTS
     {
-        let mut job = snapshot.clone();
-        if !job.retry_after.is_empty()
-            && !is_manual(&job.name)
-            && retry_after_count(&job.data) >= MAX_RETRY_AFTER_HANDOUTS
-        {
-            tracing::info!(job_id = job.id, job_name = %job.name, "retryAfter job handed out {MAX_RETRY_AFTER_HANDOUTS} times without a report; marking it FAILED");
-            job.state = JobState::Failed;
-            job.lease = None;
-            tx.update(&job)?;
-            record::no_report(tx, &job)?;
-            return Ok(None);
-        }
-
-        let parent_data = if job.is_child() {
-            Some(tx.get(job.parent_id)?.map(|p| p.data).unwrap_or_default())
-        } else {
-            None
-        };
-        let mut finished_children = Vec::new();
-        let mut cancelled_children = Vec::new();
-        for child in tx.children(job.id)? {
-            match child.state {
-                JobState::Finished => finished_children.push((child.id, child.data)),
-                JobState::Cancelled => cancelled_children.push((child.id, child.data)),
-                _ => {}
-            }
-        }
-
-        let token = new_token();
-        tx.store().keep_before_handout(job.id, &token)?;
-        job.last_run = Some(now.whole_second());
-        job.scheduled_run = Some(snapshot.next_run);
-        job.attempts += 1;
-        if job.retry_after.is_empty() {
-            job.state = JobState::Running;
-            job.lease = Some(match cmd.lease {
-                LeaseTerm::UntilReported => Lease {
-                    token: token.clone(),
-                    expires: None,
-                    term_ms: None,
-                },
-                LeaseTerm::Millis(ms) => Lease {
-                    token: token.clone(),
-                    expires: Some(now.plus_millis(ms)),
-                    term_ms: Some(ms),
-                },
-            });
-        } else {
-            let retry_at = RetryAfter::parse(&job.retry_after)
-                .ok()
-                .and_then(|ra| calendar::apply(now, &ra.modifiers))
-                .unwrap_or(now.plus_millis(3_600_000));
-            let repeat_at = repeat_time(&job, &job.repeat, snapshot.next_run, now);
-            let next = repeat_at.map_or(retry_at, |r| r.min(retry_at));
-            job.state = JobState::Runqueued;
-            job.next_run = next;
-            note_retry_after_handout(&mut job, snapshot.next_run);
-            let term = (next.0 - now.0).max(1000);
-            job.lease = Some(Lease {
-                token: token.clone(),
-                expires: Some(next),
-                term_ms: Some(term),
-            });
-        }
+        tracing::info!(job_id = job.id, job_name = %job.name, "retryAfter job handed out {MAX_RETRY_AFTER_HANDOUTS} times without a report; marking it FAILED");
+        job.state = JobState::Failed;
+        job.lease = None;
         tx.update(&job)?;
-        record::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref())?;
-        let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
-        let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
-        Ok(Some(HandOut {
-            job: snapshot,
-            parent_data,
-            finished_children,
-            cancelled_children,
-            lease_token: token,
-            lease_expires,
-            lease_term_ms,
-            attempt: job.attempts,
-        }))
+        record::no_report(tx, &job)?;
+        return Ok(None);
     }
+
+    let parent_data = if job.is_child() {
+        Some(tx.get(job.parent_id)?.map(|p| p.data).unwrap_or_default())
+    } else {
+        None
+    };
+    let mut finished_children = Vec::new();
+    let mut cancelled_children = Vec::new();
+    for child in tx.children(job.id)? {
+        match child.state {
+            JobState::Finished => finished_children.push((child.id, child.data)),
+            JobState::Cancelled => cancelled_children.push((child.id, child.data)),
+            _ => {}
+        }
+    }
+
+    let token = new_token();
+    tx.store().keep_before_handout(job.id, &token)?;
+    job.last_run = Some(now.whole_second());
+    job.scheduled_run = Some(snapshot.next_run);
+    job.attempts += 1;
+    if job.retry_after.is_empty() {
+        job.state = JobState::Running;
+        job.lease = Some(match cmd.lease {
+            LeaseTerm::UntilReported => Lease {
+                token: token.clone(),
+                expires: None,
+                term_ms: None,
+            },
+            LeaseTerm::Millis(ms) => Lease {
+                token: token.clone(),
+                expires: Some(now.plus_millis(ms)),
+                term_ms: Some(ms),
+            },
+        });
+    } else {
+        let retry_at = RetryAfter::parse(&job.retry_after)
+            .ok()
+            .and_then(|ra| calendar::apply(now, &ra.modifiers))
+            .unwrap_or(now.plus_millis(3_600_000));
+        let repeat_at = repeat_time(&job, &job.repeat, snapshot.next_run, now);
+        let next = repeat_at.map_or(retry_at, |r| r.min(retry_at));
+        job.state = JobState::Runqueued;
+        job.next_run = next;
+        note_retry_after_handout(&mut job, snapshot.next_run);
+        let term = (next.0 - now.0).max(1000);
+        job.lease = Some(Lease {
+            token: token.clone(),
+            expires: Some(next),
+            term_ms: Some(term),
+        });
+    }
+    tx.update(&job)?;
+    record::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref())?;
+    let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
+    let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
+    Ok(Some(HandOut {
+        job: snapshot,
+        parent_data,
+        finished_children,
+        cancelled_children,
+        lease_token: token,
+        lease_expires,
+        lease_term_ms,
+        attempt: job.attempts,
+    }))
 }
 
 /// Bedrock's bookkeeping in the data of a `retryAfter` job handed out while
