@@ -6,8 +6,10 @@
 //! - [`client`]: clients of a job server.
 //! - [`supervisor`]: the worker manager that runs jobs as child processes.
 //! - [`config`]: supervisor options from flags and configuration files.
+//! - [`auth`]: the API token every client shows.
 //! - [`cli`]: the command line.
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -1,4 +1,5 @@
-//! Prometheus metrics, served on an opt-in address (`--metrics ADDR`). The
+//! Prometheus metrics, served on an opt-in address (`--metrics ADDR`) behind
+//! the same bearer token as the API (job names are in the series). The
 //! names are defined here, in one place, with their help texts; the rest of
 //! the code records through the small functions below.
 
@@ -17,13 +18,31 @@ pub struct MetricsError {
 }
 
 /// Serves `GET /metrics` on `addr` (port 0 picks one) and describes every
-/// series; returns the address it listens on. Beyond loopback it is readable
-/// by anyone who can connect.
-pub async fn install(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
+/// series; returns the address it listens on. With a `token`, a scrape must
+/// carry `Authorization: Bearer <token>` (else `401`). Without one (a
+/// supervisor of a server that has no token, such as a real Bedrock), only
+/// a loopback address is accepted.
+pub async fn install(
+    addr: SocketAddr,
+    token: Option<crate::auth::ApiToken>,
+) -> Result<SocketAddr, MetricsError> {
     let error = |message: String| MetricsError {
         addr: addr.to_string(),
         message,
     };
+    if token.is_none() {
+        if !addr.ip().is_loopback() {
+            return Err(error(
+                "there is no token to protect it beyond loopback; give this process a token \
+                 (--token-file PATH or JOBMGR_TOKEN), or listen on 127.0.0.1"
+                    .into(),
+            ));
+        }
+        tracing::warn!(
+            %addr,
+            "serving metrics without a token: any local user can read them, job names included"
+        );
+    }
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets(&[
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -47,11 +66,18 @@ pub async fn install(addr: SocketAddr) -> Result<SocketAddr, MetricsError> {
     });
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
             let handle = handle.clone();
+            let token = token.clone();
             async move {
+                use axum::response::IntoResponse;
+                if let Some(token) = &token
+                    && !crate::server::http::bearer_matches(&headers, token)
+                {
+                    return crate::server::http::unauthorized().into_response();
+                }
                 collect().await;
-                handle.render()
+                handle.render().into_response()
             }
         }),
     );

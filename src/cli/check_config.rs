@@ -136,6 +136,22 @@ pub fn run(args: CheckConfigArgs) -> Result<(), CliError> {
             "metrics",
             value(options.metrics.map(|m| m.to_string()), "\"\" # off"),
         ),
+        (
+            "token-file",
+            format!(
+                "{:?}",
+                options
+                    .token_file
+                    .clone()
+                    .unwrap_or_else(|| crate::auth::default_token_file(&db))
+                    .display()
+                    .to_string()
+            ),
+        ),
+        (
+            "bedrock-trust-loopback",
+            options.bedrock_trust_loopback.unwrap_or(false).to_string(),
+        ),
     ] {
         rows.push((key.to_string(), text, source_of(key, &cli, &layers)));
     }

@@ -17,7 +17,7 @@ pub struct Connection {
     /// The server's HTTP URL.
     #[arg(long, env = "JOBMGR_SERVER", value_name = "URL", default_value_t = format!("http://{DEFAULT_HTTP_ADDR}"), global = true)]
     pub server: String,
-    /// Bearer token for the server.
+    /// The server's API token [default: the one in --token-file, if readable]
     #[arg(
         long,
         env = "JOBMGR_TOKEN",
@@ -26,6 +26,9 @@ pub struct Connection {
         global = true
     )]
     pub token: Option<String>,
+    /// The file holding the server's token [default: token beside the default database, e.g. /var/lib/jobmgr/token as root]
+    #[arg(long, env = "JOBMGR_TOKEN_FILE", value_name = "PATH", global = true)]
+    pub token_file: Option<std::path::PathBuf>,
     /// Output format [default: text on a terminal, json when piped].
     #[arg(long, value_enum, global = true)]
     pub format: Option<Format>,
@@ -240,8 +243,15 @@ fn data_field(data: Option<String>) -> Result<Option<Value>, CliError> {
 }
 
 pub(super) fn client(connection: &Connection) -> Result<(HttpClient, Format), CliError> {
+    let default_file = crate::auth::default_token_file(&crate::server::default_db_path());
+    let token = crate::auth::for_client(
+        connection.token.as_deref(),
+        connection.token_file.as_deref(),
+        &default_file,
+    )
+    .map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((
-        HttpClient::new(&connection.server, connection.token.clone())?,
+        HttpClient::new(&connection.server, token.token)?.with_hint(token.hint),
         Format::choose(connection.format),
     ))
 }

@@ -104,12 +104,15 @@ pub fn exit_code(result: &Result<(), CliError>) -> ExitCode {
     }
 }
 
-/// Serves metrics when asked; returns the ` metrics=ADDR` part of the ready
-/// line (empty when not serving).
-async fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<String, CliError> {
+/// Serves metrics when asked, behind `token`; returns the ` metrics=ADDR`
+/// part of the ready line (empty when not serving).
+async fn serve_metrics(
+    addr: Option<std::net::SocketAddr>,
+    token: Option<crate::auth::ApiToken>,
+) -> Result<String, CliError> {
     match addr {
         Some(addr) => {
-            let local = crate::metrics::install(addr)
+            let local = crate::metrics::install(addr, token)
                 .await
                 .map_err(|e| CliError::Usage(e.to_string()))?;
             Ok(format!(" metrics={local}"))

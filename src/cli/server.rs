@@ -17,13 +17,13 @@ pub struct ServerArgs {
     /// The SQLite file [default: $STATE_DIRECTORY/jobs.db, /var/lib/jobmgr/jobs.db as root, else ~/.local/state/jobmgr/jobs.db]
     #[arg(long, env = "JOBMGR_DB", value_name = "PATH")]
     pub db: Option<PathBuf>,
-    /// Where the HTTP API listens. Beyond loopback it needs --token.
+    /// Where the HTTP API listens.
     #[arg(long, env = "JOBMGR_HTTP", value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR)]
     pub http: String,
     /// Where the Bedrock protocol port listens; "none" to not serve it.
     #[arg(long, env = "JOBMGR_BEDROCK", value_name = "ADDR", default_value = DEFAULT_BEDROCK_ADDR)]
     pub bedrock: String,
-    /// Bearer token every API request must carry.
+    /// The token every request must carry, on both ports [default: the one in --token-file]
     #[arg(
         long,
         env = "JOBMGR_TOKEN",
@@ -31,6 +31,12 @@ pub struct ServerArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// The file holding the token, made (mode 0600, a random token) at first start [default: token beside --db]
+    #[arg(long, env = "JOBMGR_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Let Bedrock-port clients on loopback skip the token, for old Bedrock clients. Any local user, workers included, can then read and change every job.
+    #[arg(long)]
+    pub bedrock_trust_loopback: bool,
     /// Serve Prometheus metrics on this address (at /metrics) [default: off]
     #[arg(long, env = "JOBMGR_METRICS", value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -90,9 +96,16 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     let lease_ms = i64::try_from(args.lease.as_millis())
         .unwrap_or(i64::MAX)
         .max(1);
+    let db = args.db.unwrap_or_else(server::default_db_path);
+    let token_file = args
+        .token_file
+        .unwrap_or_else(|| crate::auth::default_token_file(&db));
+    let token = crate::auth::for_server(args.token.as_deref(), &token_file)
+        .map_err(server::ServerError::from)?;
     let config = ServerConfig {
-        db: args.db.unwrap_or_else(server::default_db_path),
-        token: args.token.filter(|t| !t.is_empty()),
+        db,
+        token,
+        bedrock_trust_loopback: args.bedrock_trust_loopback,
         queue: QueueConfig {
             default_lease_ms: lease_ms,
             max_lapses: args.max_lapses,
@@ -117,7 +130,6 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     let signals = super::signals::Signals::register().map_err(server::ServerError::Serve)?;
     let http = server::bind(&args.http).await?;
     let local = http.local_addr().map_err(server::ServerError::Serve)?;
-    server::check_exposure(local, config.token.as_deref())?;
     let bedrock = match args.bedrock.as_str() {
         "none" | "" => None,
         addr => Some(server::bind(addr).await?),
@@ -125,12 +137,11 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     let bedrock_addr = match &bedrock {
         Some(listener) => {
             let addr = listener.local_addr().map_err(server::ServerError::Serve)?;
-            server::check_exposure(addr, config.token.as_deref())?;
             addr.to_string()
         }
         None => "none".to_string(),
     };
-    let metrics = super::serve_metrics(args.metrics).await?;
+    let metrics = super::serve_metrics(args.metrics, Some(config.token.clone())).await?;
     let started = server::Server::start(&config)?;
     // One line on stdout when ready, for scripts and tests to wait on.
     println!(
@@ -141,8 +152,6 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     super::service::ready(&format!("serving http={local} bedrock={bedrock_addr}"));
     super::service::keep_watchdog();
     let listeners = Listeners { http, bedrock };
-    started
-        .serve(listeners, config.token, signals.shutdown())
-        .await?;
+    started.serve(listeners, signals.shutdown()).await?;
     Ok(())
 }

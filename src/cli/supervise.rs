@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 
 use super::CliError;
 use super::signals::Signals;
+use crate::auth::ClientToken;
 use crate::client::{HttpSource, JobSource, LocalSource};
 use crate::config::{self, SupervisorOptions};
 use crate::server::bedrock::{self, DEFAULT_BEDROCK_ADDR};
@@ -23,7 +24,7 @@ pub struct SuperviseArgs {
     /// The main configuration file [default: /etc/jobmgr/jobmgr.toml, if it exists]; conf.d/*.toml beside it follow; flags and JOBMGR_* variables win; re-read on SIGHUP.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// Bearer token for the job server (and for the embedded server's API).
+    /// The API token: sent to the job server, or required by the embedded server [default: the one in --token-file]
     #[arg(
         long,
         env = "JOBMGR_TOKEN",
@@ -46,8 +47,11 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
     let signals =
         Signals::register().map_err(|e| CliError::Usage(format!("cannot watch signals: {e}")))?;
     let options = effective(&args).map_err(|e| CliError::Usage(e.to_string()))?;
-    let token = args.token.clone().filter(|t| !t.is_empty());
     let db = options.db.clone().unwrap_or_else(server::default_db_path);
+    let token_file = options
+        .token_file
+        .clone()
+        .unwrap_or_else(|| crate::auth::default_token_file(&db));
     let state_dir = db
         .parent()
         .map(PathBuf::from)
@@ -61,13 +65,18 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         })?;
     }
 
-    let metrics = super::serve_metrics(options.metrics).await?;
     let mut embedded = None;
     let source: Arc<dyn JobSource> = match options.server.as_deref() {
         None => {
+            // The embedded server makes its token file, so that the CLI,
+            // run as this user, works with no flag; its own source needs none.
+            let token = crate::auth::for_server(args.token.as_deref(), &token_file)
+                .map_err(server::ServerError::from)?;
+            let metrics = super::serve_metrics(options.metrics, Some(token.clone())).await?;
             let config = ServerConfig {
                 db: db.clone(),
-                token: token.clone(),
+                token,
+                bedrock_trust_loopback: options.bedrock_trust_loopback.unwrap_or(false),
                 queue: QueueConfig::default(),
                 bedrock_limits: bedrock::Limits::default(),
                 clock_file: None,
@@ -90,13 +99,9 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             let started = server::Server::start(&config)?;
             let queue = started.queue.clone();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(started.serve(
-                Listeners { http, bedrock },
-                token.clone(),
-                async move {
-                    let _ = stopped.await;
-                },
-            ));
+            let task = tokio::spawn(started.serve(Listeners { http, bedrock }, async move {
+                let _ = stopped.await;
+            }));
             println!(
                 "jobmgr supervisor ready: server=embedded http=http://{http_local} bedrock={} db={}{metrics}",
                 bedrock_local.map_or("none".to_string(), |a| a.to_string()),
@@ -106,7 +111,11 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             Arc::new(LocalSource::new(queue))
         }
         Some(url) => {
-            let source = connect(url, token.clone())?;
+            let explicit = options.token_file.as_deref();
+            let token = crate::auth::for_client(args.token.as_deref(), explicit, &token_file)
+                .map_err(server::ServerError::from)?;
+            let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
+            let source = connect(url, token)?;
             println!(
                 "jobmgr supervisor ready: server={}{metrics}",
                 source.describe()
@@ -190,14 +199,17 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
     outcome
 }
 
-/// A job source for a server URL.
-pub fn connect(url: &str, token: Option<String>) -> Result<Arc<dyn JobSource>, CliError> {
+/// A job source for a server URL, showing `token`.
+pub fn connect(url: &str, token: ClientToken) -> Result<Arc<dyn JobSource>, CliError> {
     if url.starts_with("http://") || url.starts_with("https://") {
-        return Ok(Arc::new(HttpSource::new(url, token)?));
+        return Ok(Arc::new(
+            HttpSource::new(url, token.token)?.with_hint(token.hint),
+        ));
     }
     if let Some(addr) = url.strip_prefix("bedrock://") {
         let source = crate::client::BedrockSource::new(addr.trim_end_matches('/'))
-            .map_err(|e| CliError::Usage(format!("bad --server {url:?}: {e}")))?;
+            .map_err(|e| CliError::Usage(format!("bad --server {url:?}: {e}")))?
+            .with_token(token.token);
         // At start-up, say once if the server gives no leases (a real
         // Bedrock); the first hand-out tells it too, if it cannot be asked now.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

@@ -7,6 +7,8 @@ use reqwest::Method;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::auth::ApiToken;
+
 /// Why a call to the server did not succeed.
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -52,14 +54,16 @@ impl ClientError {
 #[derive(Debug, Clone)]
 pub struct HttpClient {
     base: String,
-    token: Option<String>,
+    token: Option<ApiToken>,
+    /// Said with a `401`: where the token came from, or why none was sent.
+    hint: Option<String>,
     http: reqwest::Client,
 }
 
 impl HttpClient {
     /// A client of the server at `base` (`http://127.0.0.1:8889`), sending
     /// `token` as a bearer token when given.
-    pub fn new(base: &str, token: Option<String>) -> Result<Self, ClientError> {
+    pub fn new(base: &str, token: Option<ApiToken>) -> Result<Self, ClientError> {
         let base = base.trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) || base.len() < 8 {
             return Err(ClientError::BadUrl(base));
@@ -73,9 +77,17 @@ impl HttpClient {
             })?;
         Ok(HttpClient {
             base,
-            token: token.filter(|t| !t.is_empty()),
+            token,
+            hint: None,
             http,
         })
+    }
+
+    /// Adds `hint` to the error of a request the server refuses with `401`
+    /// (see [`crate::auth::ClientToken`]).
+    pub fn with_hint(mut self, hint: String) -> Self {
+        self.hint = Some(hint);
+        self
     }
 
     /// The server's base URL.
@@ -95,7 +107,7 @@ impl HttpClient {
         let url = format!("{}{}", self.base, path);
         let mut request = self.http.request(method, &url).timeout(timeout);
         if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
+            request = request.bearer_auth(token.expose());
         }
         if let Some(body) = body {
             request = request.json(body);
@@ -124,10 +136,14 @@ impl HttpClient {
                 .unwrap_or("")
                 .to_string()
         };
+        let mut message = field("message");
+        if let (401, Some(hint)) = (status, &self.hint) {
+            message = format!("{message}. {hint}");
+        }
         Err(ClientError::Api {
             status,
             code: field("code"),
-            message: field("message"),
+            message,
         })
     }
 

@@ -33,11 +33,17 @@ fn refused_field(error: &ClientError, field: &str) -> bool {
 
 impl HttpSource {
     /// A source at `url` (`http://HOST:PORT`), with an optional bearer token.
-    pub fn new(url: &str, token: Option<String>) -> Result<Self, ClientError> {
+    pub fn new(url: &str, token: Option<crate::auth::ApiToken>) -> Result<Self, ClientError> {
         Ok(HttpSource {
             client: HttpClient::new(url, token)?,
             older_server: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Says `hint` with a refusal for a missing or wrong token.
+    pub fn with_hint(mut self, hint: String) -> Self {
+        self.client = self.client.with_hint(hint);
+        self
     }
 }
 

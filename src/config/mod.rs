@@ -122,6 +122,12 @@ pub struct SupervisorOptions {
     /// A file in /proc/meminfo format to read available memory from [default: /proc/meminfo]
     #[arg(long, value_name = "PATH", env = "JOBMGR_MEMINFO_PATH")]
     pub meminfo_path: Option<PathBuf>,
+    /// The file holding the API token: the embedded server makes it at first start (mode 0600); with --server, read from it [default: token beside --db]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Embedded server: let Bedrock-port clients on loopback skip the token (old Bedrock clients); any local user, workers included, can then read and change every job
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_BEDROCK_TRUST_LOOPBACK")]
+    pub bedrock_trust_loopback: Option<bool>,
     /// Embedded server: its SQLite file [default: as for `jobmgr server`]
     #[arg(long, value_name = "PATH", env = "JOBMGR_DB")]
     pub db: Option<PathBuf>,
@@ -387,6 +393,8 @@ impl SupervisorOptions {
             scratch_dir,
             loadavg_path,
             meminfo_path,
+            token_file,
+            bedrock_trust_loopback,
             db,
             http,
             bedrock,

@@ -10,7 +10,6 @@ pub mod queue;
 pub mod store;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -18,6 +17,7 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::ApiToken;
 use queue::{Queue, QueueConfig};
 use store::SqliteStore;
 pub use store::sqlite_error::StoreOpenError;
@@ -30,9 +30,12 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8889";
 pub struct ServerConfig {
     /// The SQLite file.
     pub db: PathBuf,
-    /// The bearer token every API request must carry; required to listen
-    /// beyond loopback.
-    pub token: Option<String>,
+    /// The bearer token every request must carry, on both ports and on
+    /// every address (see [`crate::auth`]).
+    pub token: ApiToken,
+    /// Let Bedrock-port clients on loopback skip the token (for old Bedrock
+    /// clients; any local user, workers included, can then use the queue).
+    pub bedrock_trust_loopback: bool,
     /// Lease and lapse settings.
     pub queue: QueueConfig,
     /// Bounds on Bedrock-port clients.
@@ -56,14 +59,9 @@ pub enum ServerError {
         /// Why.
         source: std::io::Error,
     },
-    /// A non-loopback address without a token.
-    #[error(
-        "refusing to listen on {addr} without a token: set --token (or JOBMGR_TOKEN), or listen on 127.0.0.1"
-    )]
-    TokenRequired {
-        /// The address.
-        addr: SocketAddr,
-    },
+    /// The API token could not be had.
+    #[error(transparent)]
+    Token(#[from] crate::auth::TokenError),
     /// Serving failed.
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
@@ -92,13 +90,10 @@ fn nix_is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Refuses to expose the API beyond loopback without a token.
-pub fn check_exposure(addr: SocketAddr, token: Option<&str>) -> Result<(), ServerError> {
-    if !addr.ip().is_loopback() && token.is_none_or(str::is_empty) {
-        return Err(ServerError::TokenRequired { addr });
-    }
-    Ok(())
-}
+/// The warning logged at start when `--bedrock-trust-loopback` is on.
+pub const TRUST_LOOPBACK_WARNING: &str = "--bedrock-trust-loopback: Bedrock-port requests from \
+     loopback need no token, so ANY local user, workers included, can read, create, finish and \
+     delete every job; use it only for old Bedrock clients, on a host that runs no workers";
 
 /// Binds a TCP listener, with an error that names the address.
 pub async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
@@ -124,6 +119,8 @@ pub struct Server {
     pub queue: Queue,
     store: Arc<SqliteStore>,
     bedrock_limits: bedrock::Limits,
+    token: ApiToken,
+    bedrock_trust_loopback: bool,
 }
 
 impl Server {
@@ -143,44 +140,43 @@ impl Server {
             queue,
             store,
             bedrock_limits: config.bedrock_limits,
+            token: config.token.clone(),
+            bedrock_trust_loopback: config.bedrock_trust_loopback,
         })
     }
 
     /// Serves the HTTP API (and the Bedrock port, when given) until
     /// `shutdown` resolves; then answers held requests, finishes in-flight
-    /// ones and closes the store.
+    /// ones and closes the store. Every request on either port must carry
+    /// the server's token (but see `bedrock_trust_loopback`).
     pub async fn serve(
         self,
         listeners: Listeners,
-        token: Option<String>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let local = listeners.http.local_addr().map_err(ServerError::Serve)?;
-        check_exposure(local, token.as_deref())?;
         self.queue.ready().await;
         let stop = CancellationToken::new();
         let bedrock = match listeners.bedrock {
             Some(listener) => {
-                let addr = listener.local_addr().map_err(ServerError::Serve)?;
-                check_exposure(addr, token.as_deref())?;
-                // Bedrock clients on loopback keep working without a token.
-                let bedrock_token = if addr.ip().is_loopback() {
-                    None
-                } else {
-                    token.clone()
+                let auth = bedrock::Auth {
+                    token: self.token.clone(),
+                    trust_loopback: self.bedrock_trust_loopback,
                 };
+                if auth.trust_loopback {
+                    tracing::warn!("{TRUST_LOOPBACK_WARNING}");
+                }
                 Some(tokio::spawn(bedrock::serve(
                     listener,
                     self.queue.clone(),
                     self.bedrock_limits,
-                    bedrock_token,
+                    auth,
                     stop.clone(),
                 )))
             }
             None => None,
         };
         report_queue(self.queue.clone(), stop.clone());
-        let app = http::router(self.queue.clone(), token);
+        let app = http::router(self.queue.clone(), self.token.clone());
         let queue = self.queue.clone();
         let signal = stop.clone();
         tokio::spawn(async move {
@@ -238,14 +234,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let server = Server::start(&config)?;
-    let token = config.token.clone();
     server
         .serve(
             Listeners {
                 http,
                 bedrock: None,
             },
-            token,
             shutdown,
         )
         .await

@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::ApiToken;
 use crate::server::queue::Queue;
 use frame::{FrameError, Request};
 
@@ -54,18 +55,28 @@ impl Default for Limits {
     }
 }
 
+/// Who may use the Bedrock port.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    /// Every request must carry it in a `Token` header.
+    pub token: ApiToken,
+    /// Requests from loopback peers need no token (`--bedrock-trust-loopback`,
+    /// for old Bedrock clients).
+    pub trust_loopback: bool,
+}
+
 /// Serves the Bedrock protocol on `listener` until `shutdown` is cancelled.
-/// With a `token`, every request must carry it in a `Token` header (needed
-/// when the port listens beyond loopback, since the protocol has no other
-/// authentication).
+/// Every request must carry the server's token in a `Token` header, on
+/// every address (the protocol has no other authentication, and loopback is
+/// no credential: workers are local users), unless `auth` trusts loopback
+/// peers.
 pub async fn serve(
     listener: TcpListener,
     queue: Queue,
     limits: Limits,
-    token: Option<String>,
+    auth: Auth,
     shutdown: CancellationToken,
 ) {
-    let token: Option<Arc<str>> = token.map(Arc::from);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let open = tokio_util::task::TaskTracker::new();
     // The budget counts KiB so that it fits a semaphore's permit count.
@@ -94,6 +105,7 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let trusted = auth.trust_loopback && peer.ip().to_canonical().is_loopback();
         let connection = Connection {
             stream,
             queue: queue.clone(),
@@ -104,7 +116,7 @@ pub async fn serve(
             pos: 0,
             reader: frame::FrameReader::default(),
             shutdown: shutdown.clone(),
-            token: token.clone(),
+            token: (!trusted).then(|| auth.token.clone()),
         };
         open.spawn(async move {
             connection.run().await;
@@ -135,7 +147,8 @@ struct Connection {
     pos: usize,
     reader: frame::FrameReader,
     shutdown: CancellationToken,
-    token: Option<Arc<str>>,
+    /// The token each request must carry; `None` for a trusted peer.
+    token: Option<ApiToken>,
 }
 
 /// Why reading stopped.
@@ -302,7 +315,7 @@ impl Connection {
     async fn answer(&mut self, request: Request) -> After {
         if let Some(token) = &self.token {
             let given = request.header("token").unwrap_or_default();
-            if !crate::server::http::constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            if !token.matches(&given) {
                 let _ = self
                     .write(&frame::closing_response(
                         "401 Unauthorized: send the server's token in a Token header",

@@ -1,6 +1,6 @@
 //! The HTTP/JSON front-end: a resource API over the queue (`/jobs`, their
 //! actions, and `/dequeue` with a wait), its OpenAPI document at
-//! `/openapi.json`, and bearer-token checks when a token is configured.
+//! `/openapi.json`, and the bearer-token check on every route but `/healthz`.
 
 mod body;
 mod error;
@@ -18,11 +18,12 @@ use axum::routing::{get, post};
 pub use error::ApiError;
 pub use requests::{MAX_LEASE_MS, MIN_LEASE_MS};
 
+use crate::auth::ApiToken;
 use crate::server::queue::Queue;
 
-/// The API's routes over `queue`. With a `token`, every route but
-/// `/healthz` requires `Authorization: Bearer <token>`.
-pub fn router(queue: Queue, token: Option<String>) -> Router {
+/// The API's routes over `queue`. Every route but `/healthz` requires
+/// `Authorization: Bearer <token>`.
+pub fn router(queue: Queue, token: ApiToken) -> Router {
     let api = Router::new()
         .route("/openapi.json", get(routes::openapi))
         .route("/jobs", post(routes::create).get(routes::list))
@@ -86,34 +87,29 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-async fn require_token(
-    State(token): State<Option<String>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if let Some(expected) = token {
-        let given = request
-            .headers()
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong bearer token: send `Authorization: Bearer <token>` with the server's token",
-            )
-            .into_response();
-        }
+async fn require_token(State(token): State<ApiToken>, request: Request, next: Next) -> Response {
+    if !bearer_matches(request.headers(), &token) {
+        return unauthorized().into_response();
     }
     next.run(request).await
 }
 
-/// Compares secrets without stopping at the first difference.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `headers` carry `Authorization: Bearer <token>`.
+pub fn bearer_matches(headers: &axum::http::HeaderMap, token: &ApiToken) -> bool {
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    token.matches(given)
+}
+
+/// The answer to a request without the right token.
+pub fn unauthorized() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "missing or wrong bearer token: send `Authorization: Bearer <token>` with the server's \
+         token, which is in the file `token` beside its database (readable by the server's user)",
+    )
 }
