@@ -8,6 +8,34 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// The API token of every server and supervisor the measures start.
+pub const TOKEN: &str = "jobmgr-bench-token";
+
+/// A blocking HTTP client that sends [`TOKEN`].
+pub fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .default_headers(auth_headers())
+        .build()
+        .expect("HTTP client")
+}
+
+/// An async HTTP client that sends [`TOKEN`].
+pub fn async_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .default_headers(auth_headers())
+        .build()
+        .expect("HTTP client")
+}
+
+fn auth_headers() -> reqwest::header::HeaderMap {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {TOKEN}").parse().expect("header value"),
+    );
+    headers
+}
+
 /// The `jobmgr` binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_jobmgr")
@@ -17,6 +45,7 @@ pub fn bin() -> &'static str {
 /// keeps draining stdout so the process never blocks on it.
 fn start_ready(mut command: Command) -> (Child, String) {
     let mut child = command
+        .env("JOBMGR_TOKEN", TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

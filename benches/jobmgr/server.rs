@@ -57,7 +57,7 @@ async fn cycles_per_second(base: &str, clients: usize, run: Duration) -> f64 {
     let stop = start + run;
     let tasks: Vec<_> = (0..clients)
         .map(|i| {
-            let client = reqwest::Client::new();
+            let client = crate::common::async_client();
             tokio::spawn(cycle_client(
                 client,
                 base.to_string(),
@@ -81,6 +81,8 @@ async fn bedrock_exchange(
     request: &str,
 ) -> (String, String) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let token = format!("\r\nToken: {}\r\n", crate::common::TOKEN);
+    let request = request.replacen("\r\n", &token, 1);
     stream.write_all(request.as_bytes()).await.expect("send");
     stream.flush().await.expect("flush");
     let mut status = String::new();
@@ -221,7 +223,7 @@ pub async fn report(scale: Scale) -> String {
         scale.latency_samples
     ));
     out.push_str("| jobs queued | p50 ms | p95 ms | p99 ms |\n| --- | --- | --- | --- |\n");
-    let client = reqwest::Client::new();
+    let client = crate::common::async_client();
     let mut p50s = Vec::new();
     for queued in scale.queued {
         let server = ServerProcess::start();
@@ -247,7 +249,7 @@ pub async fn report(scale: Scale) -> String {
     let server = ServerProcess::start();
     let waiters: Vec<_> = (0..scale.waiters)
         .map(|_| {
-            let client = reqwest::Client::new();
+            let client = crate::common::async_client();
             let url = format!("{}/dequeue", server.url);
             tokio::spawn(async move {
                 let _ = client

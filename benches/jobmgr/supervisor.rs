@@ -141,7 +141,7 @@ fn create_batch(client: &reqwest::blocking::Client, base: &str, name: &str, coun
 /// another at `base`, each measured from its acknowledgement to the
 /// worker's first instruction.
 fn dispatch_latencies(base: &str, marks: &mut Marks, samples: usize) -> Vec<f64> {
-    let client = reqwest::blocking::Client::new();
+    let client = crate::common::client();
     let mut out = Vec::with_capacity(samples);
     for i in 0..samples + 20 {
         let created = post(
@@ -202,7 +202,7 @@ struct Run {
 /// slots started and timed until the last one ran.
 fn throughput(workers: &Workers, name: &str, concurrency: usize, count: usize) -> Run {
     let server = ServerProcess::start();
-    let client = reqwest::blocking::Client::new();
+    let client = crate::common::client();
     create_batch(&client, &server.url, &format!("bench/{name}"), count);
     let scratch = tempfile::tempdir().expect("temp dir");
     let mut marks = Marks::new(scratch.path().join("marks"));
@@ -358,7 +358,9 @@ pub fn report(scale: Scale) -> String {
         });
         std::thread::sleep(Duration::from_secs(2));
         let count = || {
-            let text = reqwest::blocking::get(format!("http://{}/metrics", server.metrics))
+            let text = crate::common::client()
+                .get(format!("http://{}/metrics", server.metrics))
+                .send()
                 .expect("scrape")
                 .text()
                 .expect("text");
@@ -376,7 +378,7 @@ pub fn report(scale: Scale) -> String {
         idle_rss.push(supervisor.rss() as f64 / 1048576.0);
 
         // 100 workers at once.
-        let client = reqwest::blocking::Client::new();
+        let client = crate::common::client();
         create_batch(&client, &server.url, "bench/Hold", 100);
         let mut marks = marks;
         marks.wait_count(100, Duration::from_secs(120));
@@ -407,7 +409,7 @@ pub fn report(scale: Scale) -> String {
         scale.rss_jobs, per_round
     ));
     let server = ServerProcess::start();
-    let client = reqwest::blocking::Client::new();
+    let client = crate::common::client();
     let scratch = tempfile::tempdir().expect("temp dir");
     let mut marks = Marks::new(scratch.path().join("marks"));
     let supervisor = SupervisorProcess::start(SupervisorSpec {

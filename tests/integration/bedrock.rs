@@ -225,10 +225,10 @@ impl Conn {
     }
 }
 
-/// A request: the method line, `Name: value` headers and a blank line, with
-/// `\r\n` line ends.
+/// A request: the method line, the fixtures' `Token`, `Name: value`
+/// headers and a blank line, with `\r\n` line ends.
 fn req(method: &str, headers: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = format!("{method}\r\n");
+    let mut out = format!("{method}\r\nToken: {}\r\n", token());
     for (name, value) in headers {
         out.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -236,9 +236,9 @@ fn req(method: &str, headers: &[(&str, &str)]) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// A request with a `Content-Length` body.
+/// A request with a `Content-Length` body (and the fixtures' `Token`).
 fn req_with_body(method: &str, headers: &[(&str, &str)], body: &str) -> Vec<u8> {
-    let mut out = format!("{method}\r\n");
+    let mut out = format!("{method}\r\nToken: {}\r\n", token());
     for (name, value) in headers {
         out.push_str(&format!("{name}: {value}\r\n"));
     }
@@ -895,8 +895,19 @@ fn unknown_methods_answer_430_and_keep_the_connection() {
         .assert_error("404 No job found");
 }
 
+/// A request without the fixtures' token: the method line, headers, and a
+/// blank line.
+fn req_without_token(method: &str, headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = format!("{method}\r\n");
+    for (name, value) in headers {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    out.push_str("\r\n");
+    out.into_bytes()
+}
+
 #[test]
-fn token_is_required_beyond_loopback_but_not_on_it() {
+fn token_is_required_on_every_address_loopback_included() {
     // Listening on all interfaces, the port asks for the server's token.
     // (Started by hand: the shared harness always binds 127.0.0.1.)
     let dir = tempfile::tempdir().unwrap();
@@ -930,7 +941,7 @@ fn token_is_required_beyond_loopback_but_not_on_it() {
         if let Some(token) = token {
             headers.push(("Token", token));
         }
-        conn.call(&req("CreateJob", &headers))
+        conn.call(&req_without_token("CreateJob", &headers))
             .assert_error("401 Unauthorized: send the server's token in a Token header");
         conn.assert_closed();
     }
@@ -941,12 +952,18 @@ fn token_is_required_beyond_loopback_but_not_on_it() {
     let id = create(&mut conn, &[("name", "needs-token"), ("token", "s3cret")]);
     assert_eq!(api.job(id)["name"], "needs-token");
 
-    // On loopback, Bedrock clients keep working without a token (by design:
-    // src/server/mod.rs passes no token to a loopback Bedrock listener).
-    let local = Server::builder().arg("--token").arg("s3cret").start();
+    // On loopback too: a worker is a local user, so loopback is no
+    // credential.
+    let local = Server::start();
     let mut conn = Conn::open(&local.bedrock);
-    let id = create(&mut conn, &[("name", "no-token-needed")]);
-    assert_eq!(query(&mut conn, id)["name"], "no-token-needed");
+    conn.call(&req_without_token("CreateJob", &[("name", "no-token")]))
+        .assert_error("401 Unauthorized: send the server's token in a Token header");
+    conn.assert_closed();
+    let (_, list) = local.api().get("/jobs?name=no-token");
+    assert_eq!(list["jobs"], json!([]), "a refused request ran");
+    let mut conn = Conn::open(&local.bedrock);
+    let id = create(&mut conn, &[("name", "with-token")]);
+    assert_eq!(query(&mut conn, id)["name"], "with-token");
 }
 
 // ----- Framing ------------------------------------------------------------------
@@ -956,17 +973,23 @@ fn method_line_tail_and_case_are_ignored() {
     let server = Server::start();
     let mut conn = Conn::open(&server.bedrock);
     let id = conn
-        .call(b"cReAtEjOb / HTTP/1.1\r\nNAME: tail-case\r\nDaTa: {\"a\":1}\r\n\r\n")
+        .call(&with_token_header(
+            b"cReAtEjOb / HTTP/1.1\r\nNAME: tail-case\r\nDaTa: {\"a\":1}\r\n\r\n",
+        ))
         .json()["jobID"]
         .as_i64()
         .unwrap();
     let job = conn
-        .call(format!("QUERYJOB anything at all\r\nJOBID: {id}\r\n\r\n").as_bytes())
+        .call(&with_token_header(
+            format!("QUERYJOB anything at all\r\nJOBID: {id}\r\n\r\n").as_bytes(),
+        ))
         .json();
     assert_eq!(job["name"], "tail-case");
     assert_eq!(job["data"], json!({"a": 1}));
     let job = conn
-        .call(b"getjob / HTTP/1.1\r\nnAmE: tail-case\r\n\r\n")
+        .call(&with_token_header(
+            b"getjob / HTTP/1.1\r\nnAmE: tail-case\r\n\r\n",
+        ))
         .json();
     assert_eq!(job["jobID"], json!(id));
 }
@@ -976,32 +999,44 @@ fn bare_newlines_and_crlf_are_both_accepted() {
     let server = Server::start();
     let mut conn = Conn::open(&server.bedrock);
     let a = conn
-        .call(b"CreateJob\nname: lf-only\ndata: {\"x\":1}\n\n")
+        .call(&with_token_header(
+            b"CreateJob\nname: lf-only\ndata: {\"x\":1}\n\n",
+        ))
         .json()["jobID"]
         .as_i64()
         .unwrap();
     // Mixed in one request.
     let b = conn
-        .call(b"CreateJob\r\nname: mixed\ndata: {\"x\":2}\r\n\n")
+        .call(&with_token_header(
+            b"CreateJob\r\nname: mixed\ndata: {\"x\":2}\r\n\n",
+        ))
         .json()["jobID"]
         .as_i64()
         .unwrap();
     let job = conn
-        .call(format!("QueryJob\njobID: {a}\n\n").as_bytes())
+        .call(&with_token_header(
+            format!("QueryJob\njobID: {a}\n\n").as_bytes(),
+        ))
         .json();
     assert_eq!(
         (&job["name"], &job["data"]),
         (&json!("lf-only"), &json!({"x": 1}))
     );
     let job = conn
-        .call(format!("QueryJob\r\njobID: {b}\r\n\r\n").as_bytes())
+        .call(&with_token_header(
+            format!("QueryJob\r\njobID: {b}\r\n\r\n").as_bytes(),
+        ))
         .json();
     assert_eq!(
         (&job["name"], &job["data"]),
         (&json!("mixed"), &json!({"x": 2}))
     );
     // A line of spaces ends the headers too (as in the seed's session).
-    let c = conn.call(b"CreateJob\nname: spaces-end\n       \n").json()["jobID"]
+    let c = conn
+        .call(&with_token_header(
+            b"CreateJob\nname: spaces-end\n       \n",
+        ))
+        .json()["jobID"]
         .as_i64()
         .unwrap();
     assert_eq!(query(&mut conn, c)["name"], "spaces-end");
@@ -1135,7 +1170,7 @@ fn pipelined_requests_in_one_write_are_answered_in_order() {
     ));
     bytes.extend(b"\r\n\r\n"); // blank lines between requests are skipped
     bytes.extend(req("GetJob", &[("name", "pipe-b")]));
-    bytes.extend(b"GetJob\nname: pipe-a\n\n");
+    bytes.extend(with_token_header(b"GetJob\nname: pipe-a\n\n"));
     bytes.extend(req("GetJob", &[("name", "pipe-*")]));
     bytes.extend(req("Frobnicate", &[]));
     bytes.extend(req("QueryJob", &[("jobID", "987654321")]));
@@ -1282,7 +1317,7 @@ fn request_split_at_every_byte_gets_the_same_answer() {
         "GetJob\r\nname: nothing-here\r\n\r\n".to_string(),
     ];
     for request in &requests {
-        let bytes = request.as_bytes();
+        let bytes = &with_token_header(request.as_bytes());
         let whole = Conn::open(&server.bedrock).call(bytes);
         assert!(whole.code() == 200 || whole.code() == 404, "{whole:?}");
         for k in 1..bytes.len() {
@@ -1308,7 +1343,9 @@ fn waiting_get_job_returns_a_job_created_later() {
     worker.send(b"GetJob\nname: SendEmail\nconnection: wait\ntimeout: 60000\n\n");
     poll("the GetJob to wait", || (waiting(&api) == 1).then_some(()));
     let mut other = Conn::open(&server.bedrock);
-    let id = other.call(b"CreateJob\nname: SendEmail\n       \n").json()["jobID"]
+    let id = other
+        .call(&with_token_header(b"CreateJob\nname: SendEmail\n       \n"))
+        .json()["jobID"]
         .as_i64()
         .unwrap();
     let job = worker.read_response().json();
@@ -1407,27 +1444,31 @@ fn seed_sample_session_runs_as_written() {
     let api = server.api();
     let mut nc = Conn::open(&server.bedrock);
 
-    let created = nc.call(
+    let created = nc.call(&with_token_header(
         b"CreateJob\nname: CheckLiveness\ndata: {\"url\":\"http://bedrockdb.com\"}\nrepeat: finished, +1 minute\n\n",
-    );
+    ));
     let id = created.json()["jobID"].as_i64().expect("jobID");
     assert_eq!(created.body, format!(r#"{{"jobID":{id}}}"#));
 
-    let job = nc.call(b"GetJob\nname: CheckLiveness\n\n").json();
+    let job = nc
+        .call(&with_token_header(b"GetJob\nname: CheckLiveness\n\n"))
+        .json();
     assert_eq!(job["data"], json!({"url": "http://bedrockdb.com"}));
     assert_eq!(job["jobID"], json!(id));
     assert_eq!(job["name"], "CheckLiveness");
 
-    nc.call(
+    nc.call(&with_token_header(
         format!(
             "UpdateJob\njobID: {id}\ndata: {{\"url\":\"http://bedrockdb.com\",\"status\":\"CHECKING\"}}\n\n"
         )
         .as_bytes(),
-    )
+    ))
     .assert_empty_ok();
 
     let job = nc
-        .call(format!("QueryJob\njobID: {id}\n\n").as_bytes())
+        .call(&with_token_header(
+            format!("QueryJob\njobID: {id}\n\n").as_bytes(),
+        ))
         .json();
     assert_eq!(
         job["data"],
@@ -1441,20 +1482,20 @@ fn seed_sample_session_runs_as_written() {
     assert!(!last_run.is_empty());
     assert!(job["created"].as_str().is_some_and(|c| c.len() == 19));
 
-    nc.call(
+    nc.call(&with_token_header(
         format!(
             "FinishJob\njobID: {id}\ndata: {{\"url\":\"http://bedrockdb.com\",\"failCount\":1}}\n\n"
         )
         .as_bytes(),
-    )
+    ))
     .assert_empty_ok();
 
-    nc.call(b"GetJob\nname: *\n\n")
+    nc.call(&with_token_header(b"GetJob\nname: *\n\n"))
         .assert_error("404 No job found");
 
     // The seed's `Query: SELECT * FROM jobs;` is a Bedrock core command this
     // server does not have; the job is checked over HTTP instead.
-    nc.call(b"Query: SELECT * FROM jobs;\n\n")
+    nc.call(&with_token_header(b"Query: SELECT * FROM jobs;\n\n"))
         .assert_error("430 Unrecognized command");
     let stored = api.job(id);
     assert_eq!(stored["state"], "QUEUED");
@@ -1476,7 +1517,9 @@ fn seed_sample_session_runs_as_written() {
         .set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
     let job = nc
-        .call(b"GetJob\nname: *\nConnection: wait\nTimeout: 90000\n\n")
+        .call(&with_token_header(
+            b"GetJob\nname: *\nConnection: wait\nTimeout: 90000\n\n",
+        ))
         .json();
     assert_eq!(
         job["data"],
@@ -1572,9 +1615,10 @@ fn garbage_bytes_get_an_error_status_or_a_close() {
                 // answer too.
                 let _ = conn.stream.write_all(bytes);
                 let answers = responses_until_closed(&mut conn);
+                // 401: bytes that parse as a request, without the token.
                 for answer in &answers {
                     assert!(
-                        [400, 408, 413, 430].contains(&answer.code()),
+                        [400, 401, 408, 413, 430].contains(&answer.code()),
                         "{what}: unexpected answer {answer:?}"
                     );
                     assert_eq!(answer.body, "", "{what}");
@@ -1585,10 +1629,12 @@ fn garbage_bytes_get_an_error_status_or_a_close() {
     });
     // An HTTP request and text that is not UTF-8 read as unknown commands.
     let mut conn = Conn::open(&server.bedrock);
-    conn.call(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.call(&with_token_header(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
         .assert_error("430 Unrecognized command");
-    conn.call(b"\xc3\x28CreateJob\r\nname: \xa0\xa1\r\n\r\n")
-        .assert_error("430 Unrecognized command");
+    conn.call(&with_token_header(
+        b"\xc3\x28CreateJob\r\nname: \xa0\xa1\r\n\r\n",
+    ))
+    .assert_error("430 Unrecognized command");
     let (_, list) = server.api().get("/jobs?limit=1000");
     let names: Vec<&str> = list["jobs"]
         .as_array()
@@ -1680,13 +1726,17 @@ fn endless_blank_lines_leave_the_server_serving_with_bounded_memory() {
 fn huge_content_length_gets_413_and_close() {
     let server = Server::start();
     let mut conn = Conn::open(&server.bedrock);
-    conn.call(b"CreateJob\r\nname: x\r\nContent-Length: 99999999999\r\n\r\n")
-        .assert_error("413 Request too large");
+    conn.call(&with_token_header(
+        b"CreateJob\r\nname: x\r\nContent-Length: 99999999999\r\n\r\n",
+    ))
+    .assert_error("413 Request too large");
     conn.assert_closed();
     // Beyond u64 too.
     let mut conn = Conn::open(&server.bedrock);
-    conn.call(b"CreateJob\r\nContent-Length: 184467440737095516160\r\n\r\n")
-        .assert_error_one_of(&["413 Request too large", "400 Malformed Content-Length"]);
+    conn.call(&with_token_header(
+        b"CreateJob\r\nContent-Length: 184467440737095516160\r\n\r\n",
+    ))
+    .assert_error_one_of(&["413 Request too large", "400 Malformed Content-Length"]);
     conn.assert_closed();
     // A large body within the limit is read and used.
     let mut conn = Conn::open(&server.bedrock);

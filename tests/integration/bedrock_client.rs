@@ -28,7 +28,9 @@ const LONG_WAIT: Duration = Duration::from_secs(30);
 
 /// A source on the server's Bedrock port.
 fn bedrock(server: &Server) -> BedrockSource {
-    BedrockSource::new(&server.bedrock).expect("Bedrock address")
+    BedrockSource::new(&server.bedrock)
+        .expect("Bedrock address")
+        .with_token(Some(api_token()))
 }
 
 /// The HTTP helper, made and dropped on a thread of its own: its blocking

@@ -33,7 +33,7 @@ fn call(server: &Server, method: &str, headers: &[(&str, &str)]) -> (String, Str
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("Connection: close\r\n\r\n");
-    let answer = raw_exchange(&server.bedrock, request.as_bytes());
+    let answer = bedrock_exchange(&server.bedrock, request.as_bytes());
     let (head, body) = answer
         .split_once("\r\n\r\n")
         .unwrap_or_else(|| panic!("no end of head in {answer:?}"));
@@ -132,7 +132,9 @@ fn a_late_report_from_a_lapsed_bedrock_lease_is_refused() {
     let api = server.api();
     let id = api.create(json!({"name": "bl/late", "data": {"v": 1}}));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let source = BedrockSource::new(&server.bedrock).expect("Bedrock address");
+    let source = BedrockSource::new(&server.bedrock)
+        .expect("Bedrock address")
+        .with_token(Some(api_token()));
 
     let lapsing = Duration::from_millis(300);
     let jobs = runtime
@@ -389,7 +391,9 @@ fn a_source_learns_that_a_server_without_heartbeat_gives_no_leases() {
 
     // jobmgr's port knows the command.
     let server = Server::start();
-    let source = BedrockSource::new(&server.bedrock).expect("address");
+    let source = BedrockSource::new(&server.bedrock)
+        .expect("address")
+        .with_token(Some(api_token()));
     assert_eq!(runtime.block_on(source.probe_leases()), Some(true));
 }
 

@@ -89,6 +89,8 @@ fn spawn_ready(mut command: Command, stderr: &Path) -> Result<(Child, String), S
     }
     command
         .env("JOBMGR_LOG", "info")
+        // Servers and supervisors alike use the fixtures' token.
+        .env("JOBMGR_TOKEN", token())
         .stdout(Stdio::piped())
         .stderr(log)
         .stdin(Stdio::null());

@@ -30,7 +30,7 @@ fn a_bedrock_client_that_hangs_up_after_get_job_is_handed_nothing() {
     let id = api.create(json!({"name": "hangup"}));
     let mut stream = TcpStream::connect(&server.bedrock).expect("connect");
     stream
-        .write_all(b"GetJob\r\nname: hangup\r\n\r\n")
+        .write_all(&with_token_header(b"GetJob\r\nname: hangup\r\n\r\n"))
         .expect("write");
     stream.shutdown(Shutdown::Both).expect("shutdown");
     drop(stream);
@@ -67,7 +67,7 @@ fn non_ascii_in_a_repeat_or_retry_after_is_refused_not_a_crash() {
         400,
         "malformed_retry_after",
     );
-    let answer = raw_exchange(
+    let answer = bedrock_exchange(
         &server.bedrock,
         "CreateJob\r\nname: x\r\nretryAfter: é5 MINUTES\r\n\r\n".as_bytes(),
     );

@@ -520,7 +520,7 @@ fn bedrock_status(server: &Server, method: &str, headers: &[(&str, &str)]) -> St
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("Connection: close\r\n\r\n");
-    let answer = raw_exchange(&server.bedrock, request.as_bytes());
+    let answer = bedrock_exchange(&server.bedrock, request.as_bytes());
     answer.lines().next().unwrap_or_default().to_string()
 }
 
@@ -532,7 +532,9 @@ fn a_hand_back_under_a_stale_lease_is_refused_over_bedrock() {
     let api = server.api();
     let id = api.create(json!({"name": "hb", "data": {"v": 1}}));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let source = BedrockSource::new(&server.bedrock).expect("Bedrock address");
+    let source = BedrockSource::new(&server.bedrock)
+        .expect("Bedrock address")
+        .with_token(Some(api_token()));
     let lease = Duration::from_secs(3600);
     let get = |what: &str| {
         runtime
@@ -591,7 +593,7 @@ fn a_hand_out_from_before_the_upgrade_is_handed_back_with_retry_job() {
     let mut server = Server::start();
     let id = server.api().create(json!({"name": "hb"}));
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let source = HttpSource::new(&server.url, None).expect("source");
+    let source = HttpSource::new(&server.url, Some(api_token())).expect("source");
     let job = runtime
         .block_on(source.get_jobs("hb", 1, Duration::ZERO, Duration::from_secs(3600)))
         .expect("get_jobs")

@@ -696,7 +696,12 @@ fn healthy(server: &Server) {
     assert_eq!(status, 200, "{answer}");
 }
 
-const TRUNCATED_HEAD: &str = "POST /jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n";
+fn truncated_head() -> String {
+    format!(
+        "POST /jobs HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+        token()
+    )
+}
 
 /// 20 bytes of a body that would otherwise create a job.
 const TRUNCATED_BODY: &str = r#"{"name":"trunc-job","#;
@@ -713,7 +718,7 @@ fn a_truncated_body_creates_nothing() {
     {
         let mut stream = TcpStream::connect(server.addr()).expect("connect");
         stream
-            .write_all(format!("{TRUNCATED_HEAD}{TRUNCATED_BODY}").as_bytes())
+            .write_all(format!("{}{TRUNCATED_BODY}", truncated_head()).as_bytes())
             .expect("write");
     }
 
@@ -724,7 +729,7 @@ fn a_truncated_body_creates_nothing() {
         .set_read_timeout(Some(DEADLINE))
         .expect("read timeout");
     stream
-        .write_all(format!("{TRUNCATED_HEAD}{TRUNCATED_BODY}").as_bytes())
+        .write_all(format!("{}{TRUNCATED_BODY}", truncated_head()).as_bytes())
         .expect("write");
     stream.shutdown(Shutdown::Write).expect("half-close");
     let mut answer = String::new();
@@ -877,6 +882,7 @@ fn a_token_is_required_when_configured() {
     let right = server.api().with_token("s3cret");
     for api in [
         server.api(),
+        server.api().without_token(),
         server.api().with_token("wrong"),
         server.api().with_token("s3cre"),
         server.api().with_token("s3crett"),
@@ -901,19 +907,35 @@ fn a_token_is_required_when_configured() {
 }
 
 #[test]
-fn listening_beyond_loopback_needs_a_token() {
+fn listening_beyond_loopback_takes_the_token_file_and_refuses_clients_without_it() {
+    // No --token: the server makes its token file and requires it on every
+    // address (before, it refused to start; now a token always exists).
     let dir = tempfile::tempdir().expect("temp dir");
-    let output = jobmgr_in(dir.path())
+    let child = jobmgr_in(dir.path())
         .arg("server")
         .arg("--db")
         .arg(dir.path().join("jobs.db"))
-        .arg("--http")
-        .arg("0.0.0.0:0")
-        .run_bounded("jobmgr server --http 0.0.0.0:0 without a token to refuse to start");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let status = output.status;
-    assert!(!status.success(), "exit status {status}");
-    assert!(stderr.contains("--token"), "stderr: {stderr}");
-    assert!(!stdout.contains("ready"), "it said it was ready: {stdout}");
+        .args(["--http", "0.0.0.0:0", "--bedrock", "none"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn jobmgr server");
+    let mut server = ChildGuard::new(child, "the server on 0.0.0.0");
+    let ready = ready_line(server.child())
+        .unwrap_or_else(|e| panic!("no ready line from the server on 0.0.0.0: {e}"));
+    let port = ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http=http://"))
+        .and_then(|a| a.rsplit(':').next())
+        .unwrap_or_else(|| panic!("no http= in {ready:?}"))
+        .to_string();
+    let token = std::fs::read_to_string(dir.path().join("token")).expect("the token file");
+    let url = format!("http://127.0.0.1:{port}");
+    assert_error(
+        Api::new(&url).without_token().get("/jobs"),
+        401,
+        "unauthorized",
+    );
+    let (status, answer) = Api::new(&url).with_token(token.trim()).get("/jobs");
+    assert_eq!(status, 200, "{answer}");
 }

@@ -82,7 +82,7 @@ fn the_same_idempotency_key_with_a_different_request_is_refused() {
 /// One Bedrock request with `Connection: close`; the answer as text.
 fn bedrock(server: &Server, method: &str, headers: &str) -> String {
     let request = format!("{method}\r\n{headers}Connection: close\r\n\r\n");
-    raw_exchange(&server.bedrock, request.as_bytes())
+    bedrock_exchange(&server.bedrock, request.as_bytes())
 }
 
 #[test]

@@ -378,7 +378,7 @@ fn every_attempt_is_recorded_with_its_worker_outcome_and_output() {
 fn the_bedrock_port_answers_as_before_and_its_runs_are_recorded() {
     let server = Server::start();
     let api = server.api();
-    let created = raw_exchange(
+    let created = bedrock_exchange(
         &server.bedrock,
         b"CreateJob\nname: bedrock/one\ndata: {\"a\":1}\n\n",
     );
@@ -387,14 +387,14 @@ fn the_bedrock_port_answers_as_before_and_its_runs_are_recorded() {
     let id = serde_json::from_str::<Value>(body.trim()).unwrap()["jobID"]
         .as_i64()
         .expect("jobID");
-    let got = raw_exchange(&server.bedrock, b"GetJob\nname: bedrock/*\n\n");
+    let got = bedrock_exchange(&server.bedrock, b"GetJob\nname: bedrock/*\n\n");
     assert!(got.starts_with("200 OK"), "{got}");
-    let failed = raw_exchange(
+    let failed = bedrock_exchange(
         &server.bedrock,
         format!("FailJob\njobID: {id}\n\n").as_bytes(),
     );
     assert!(failed.starts_with("200 OK"), "{failed}");
-    let queried = raw_exchange(
+    let queried = bedrock_exchange(
         &server.bedrock,
         format!("QueryJob\njobID: {id}\n\n").as_bytes(),
     );

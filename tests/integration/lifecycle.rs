@@ -20,7 +20,7 @@ fn without_server_the_supervisor_runs_an_embedded_one_that_clients_can_reach() {
     });
     assert_eq!(job["state"], "QUEUED");
     // Its Bedrock port answers too.
-    let answer = raw_exchange(
+    let answer = bedrock_exchange(
         &sup.ready_field("bedrock"),
         format!("QueryJob\r\njobID: {id}\r\n\r\n").as_bytes(),
     );

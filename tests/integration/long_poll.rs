@@ -338,8 +338,9 @@ fn a_waiter_that_disconnects_is_never_handed_a_job() {
     let api = server.api();
     let body = json!({"name": "lp-gone", "waitMs": 30000}).to_string();
     let request = format!(
-        "POST /dequeue HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+        "POST /dequeue HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
         server.addr(),
+        token(),
         body.len(),
         body
     );

@@ -22,6 +22,7 @@ mod idempotency;
 mod leases;
 mod ledger;
 mod lifecycle;
+mod local_auth;
 mod long_poll;
 mod metrics;
 mod one_server_per_file;

@@ -240,8 +240,8 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
         "every fetch is counted: {served}"
     );
     // A Bedrock request is counted by command, garbage as "unknown".
-    raw_exchange(&server.bedrock, b"QueryJob\r\njobID: 1\r\n\r\n");
-    raw_exchange(&server.bedrock, b"Bogus\r\n\r\n");
+    bedrock_exchange(&server.bedrock, b"QueryJob\r\njobID: 1\r\n\r\n");
+    bedrock_exchange(&server.bedrock, b"Bogus\r\n\r\n");
     let served = scrape_until(&server.metrics, "both Bedrock requests counted", |text| {
         sample(
             text,

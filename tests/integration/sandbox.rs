@@ -130,6 +130,7 @@ fn a_worker_runs_as_the_configured_user_with_its_limits_and_nothing_more() {
     let stderr_path = d.join("stderr");
     let child = Command::new(bin())
         .args(["--server", &server.url, "--user", "nobody"])
+        .env("JOBMGR_TOKEN", token())
         .arg("--worker-path")
         .arg(&workers)
         .arg("--scratch-dir")

@@ -132,7 +132,8 @@ fn spawn_ready(mut command: Command, stderr: &Path) -> (Child, String) {
         .expect("stderr file");
     command
         .env("JOBMGR_LOG", "info,jobmgr=debug")
-        .env_remove("JOBMGR_TOKEN")
+        // Servers and supervisors alike use the fixtures' token.
+        .env("JOBMGR_TOKEN", token())
         .stdout(Stdio::piped())
         .stderr(log)
         .stdin(Stdio::null());
@@ -1233,8 +1234,9 @@ fn hostile_job_names_never_run_anything_outside_the_worker_path() {
     assert_eq!(status, 400, "{answer}");
     let body = b"{\"name\":\"\xff\xfex\"}";
     let mut request = format!(
-        "POST /jobs HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST /jobs HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         server.addr(),
+        token(),
         body.len()
     )
     .into_bytes();

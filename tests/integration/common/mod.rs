@@ -26,6 +26,74 @@ pub fn bin() -> &'static str {
 /// How long any wait in a test may take before it fails.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
+/// The API token of the fixtures' servers: one random token per run of the
+/// test binary, written into each fixture server's token file before it
+/// starts (so raw requests can carry it without knowing their server).
+/// Tests of the token itself (tests/integration/local_auth.rs) let servers
+/// make their own.
+pub fn token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| jobmgr::auth::ApiToken::generate().expose().to_string())
+}
+
+/// [`token`] as the library's type, for in-process clients.
+pub fn api_token() -> jobmgr::auth::ApiToken {
+    jobmgr::auth::ApiToken::new(token()).expect("a token")
+}
+
+/// Writes [`token`] into `dir/token` (mode 0600) unless a token file is
+/// already there; returns the file.
+pub fn write_token_file(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir).expect("token file's directory");
+    let path = dir.join("token");
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        Ok(mut file) => file.write_all(token().as_bytes()).expect("token file"),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => panic!("token file {}: {e}", path.display()),
+    }
+    path
+}
+
+/// `bytes`, one Bedrock request, with a `Token` header carrying [`token`]
+/// after its method line.
+pub fn with_token_header(bytes: &[u8]) -> Vec<u8> {
+    // Blank lines before a request are skipped by the server; the method
+    // line is the first that is not blank.
+    let mut start = 0;
+    while bytes[start..].starts_with(b"\r\n") || bytes[start..].starts_with(b"\n") {
+        start += if bytes[start] == b'\r' { 2 } else { 1 };
+    }
+    let at = bytes[start..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(bytes.len(), |i| start + i + 1);
+    let mut out = bytes[..at].to_vec();
+    // The same line end as the method line's.
+    let end = if out.ends_with(b"\r\n") || !out.ends_with(b"\n") {
+        "\r\n"
+    } else {
+        "\n"
+    };
+    if !out.ends_with(b"\n") {
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("Token: {}{end}", token()).as_bytes());
+    out.extend_from_slice(&bytes[at..]);
+    out
+}
+
+/// [`raw_exchange`] of one Bedrock request with the fixtures' token added
+/// ([`with_token_header`]).
+pub fn bedrock_exchange(addr: &str, request: &[u8]) -> String {
+    raw_exchange(addr, &with_token_header(request))
+}
+
 /// A `jobmgr server` process on 127.0.0.1, with its own SQLite file in a
 /// temporary directory. Killed (by pid) when dropped.
 pub struct Server {
@@ -111,6 +179,7 @@ impl Server {
     }
 
     fn spawn(&mut self) {
+        write_token_file(self.db.parent().expect("the db's directory"));
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -227,6 +296,11 @@ impl Server {
     pub fn addr(&self) -> String {
         self.url.trim_start_matches("http://").to_string()
     }
+
+    /// The server's token file (beside its SQLite file).
+    pub fn token_file(&self) -> PathBuf {
+        self.db.with_file_name("token")
+    }
 }
 
 impl Drop for Server {
@@ -276,7 +350,7 @@ pub struct Api {
 }
 
 impl Api {
-    /// A caller of `base`.
+    /// A caller of `base`, sending the fixtures' [`token`].
     pub fn new(base: &str) -> Api {
         let client = reqwest::blocking::Client::builder()
             .timeout(Duration::from_secs(120))
@@ -285,13 +359,19 @@ impl Api {
         Api {
             base: base.to_string(),
             client,
-            token: None,
+            token: Some(token().to_string()),
         }
     }
 
-    /// Sends this bearer token.
+    /// Sends this bearer token instead.
     pub fn with_token(mut self, token: &str) -> Api {
         self.token = Some(token.to_string());
+        self
+    }
+
+    /// Sends no token.
+    pub fn without_token(mut self) -> Api {
+        self.token = None;
         self
     }
 
@@ -420,12 +500,15 @@ pub fn raw_exchange(addr: &str, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Fetches `/metrics` from `addr` as text.
+/// Fetches `/metrics` from `addr` as text, with the fixtures' [`token`].
 pub fn scrape(addr: &str) -> String {
-    reqwest::blocking::get(format!("http://{addr}/metrics"))
-        .expect("scrape")
-        .text()
-        .expect("metrics text")
+    let response = reqwest::blocking::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth(token())
+        .send()
+        .expect("scrape");
+    assert_eq!(response.status().as_u16(), 200, "scrape of {addr}");
+    response.text().expect("metrics text")
 }
 
 /// Scrapes `/metrics` at `addr` until `ready` holds for its text, within
@@ -506,13 +589,17 @@ pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
 }
 
 /// Runs a client command (`jobmgr stats …`, `jobmgr job …`) against a
-/// server; returns (exit code, stdout, stderr).
+/// server, with `--token-file` naming the server's; returns (exit code,
+/// stdout, stderr).
 pub fn client_command(server: &Server, args: &[&str]) -> (i32, String, String) {
     let output = Command::new(bin())
         .args(args)
         .arg("--server")
         .arg(&server.url)
+        .arg("--token-file")
+        .arg(server.token_file())
         .env_remove("JOBMGR_TOKEN")
+        .env_remove("JOBMGR_TOKEN_FILE")
         .run_bounded(&format!("jobmgr {}", args.join(" ")));
     (
         output.status.code().unwrap_or(-1),
@@ -562,7 +649,8 @@ impl Supervisor {
         std::fs::create_dir(dir.path().join("workers")).expect("workers dir");
         SupervisorBuilder {
             args: vec!["--server".into(), server_url.into()],
-            envs: Vec::new(),
+            // The fixtures' servers all have the fixtures' token.
+            envs: vec![("JOBMGR_TOKEN".into(), token().into())],
             // As root, workers would run as an unprivileged user who cannot
             // reach this test's private directories; tests about users say so.
             user: nix::unistd::geteuid().is_root().then(|| "root".to_string()),
@@ -575,6 +663,8 @@ impl Supervisor {
     /// directory, HTTP and Bedrock ports from the OS).
     pub fn embedded() -> SupervisorBuilder {
         let mut builder = Self::builder("");
+        builder.envs.clear();
+        write_token_file(builder.dir.path());
         let db = builder.dir.path().join("jobs.db");
         builder.args = vec![
             "--db".into(),
@@ -595,6 +685,11 @@ impl Supervisor {
             .find_map(|w| w.strip_prefix(prefix.as_str()))
             .unwrap_or_else(|| panic!("no {key}= in the ready line {:?}", self.ready))
             .to_string()
+    }
+
+    /// An HTTP helper for an embedded supervisor's server.
+    pub fn api(&self) -> Api {
+        Api::new(&self.ready_field("http"))
     }
 
     /// The worker directory.
