@@ -197,13 +197,28 @@ pub struct ClientToken {
     pub hint: String,
 }
 
+/// The token file of `jobmgr-server.service` (its `StateDirectory`), where
+/// a client running as root also looks.
+pub const SERVER_UNIT_TOKEN_FILE: &str = "/var/lib/jobmgr-server/token";
+
+/// Where a client looks for a token file when told none: `token` beside
+/// the default database ([`crate::server::default_db_path`]), then, as root,
+/// the packaged server unit's ([`SERVER_UNIT_TOKEN_FILE`]).
+pub fn default_client_files() -> Vec<PathBuf> {
+    let mut files = vec![default_token_file(&crate::server::default_db_path())];
+    if nix::unistd::geteuid().is_root() {
+        files.push(PathBuf::from(SERVER_UNIT_TOKEN_FILE));
+    }
+    files
+}
+
 /// A client's token: `given` if any; else `file` (an error if it cannot be
-/// read); else `default_file` when it exists and this user can read it.
-/// Without one, requests go out without a token and a `401` says why.
+/// read); else the first of `defaults` that exists, when this user can read
+/// it. Without one, requests go out without a token and a `401` says why.
 pub fn for_client(
     given: Option<&str>,
     file: Option<&Path>,
-    default_file: &Path,
+    defaults: &[PathBuf],
 ) -> Result<ClientToken, TokenError> {
     if let Some(token) = checked(given)? {
         return Ok(ClientToken {
@@ -224,33 +239,47 @@ pub fn for_client(
             ),
         });
     }
-    match read_file(default_file, false) {
-        Ok(token) => Ok(ClientToken {
-            token: Some(token),
-            hint: format!(
-                "the token in {} is not this server's; pass the server's with --token-file \
-                 PATH or JOBMGR_TOKEN",
-                default_file.display()
-            ),
-        }),
-        Err(TokenError::Read { source, .. }) => {
-            let why = match source.kind() {
-                ErrorKind::NotFound => "does not exist".to_string(),
-                ErrorKind::PermissionDenied => "is not readable by this user".to_string(),
-                _ => format!("cannot be read ({source})"),
-            };
-            Ok(ClientToken {
-                token: None,
-                hint: format!(
-                    "no token was sent: {} {why}; run as the server's user (its token file \
-                     is `token` beside its database), or pass --token-file PATH or \
-                     JOBMGR_TOKEN",
-                    default_file.display()
-                ),
-            })
+    let mut missing = Vec::new();
+    for default_file in defaults {
+        match read_file(default_file, false) {
+            Ok(token) => {
+                return Ok(ClientToken {
+                    token: Some(token),
+                    hint: format!(
+                        "the token in {} is not this server's; pass the server's with \
+                         --token-file PATH or JOBMGR_TOKEN",
+                        default_file.display()
+                    ),
+                });
+            }
+            Err(TokenError::Read { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                missing.push(default_file.display().to_string());
+            }
+            Err(TokenError::Read { source, .. }) => {
+                let why = match source.kind() {
+                    ErrorKind::PermissionDenied => "is not readable by this user".to_string(),
+                    _ => format!("cannot be read ({source})"),
+                };
+                return Ok(ClientToken {
+                    token: None,
+                    hint: format!(
+                        "no token was sent: {} {why}; run as the server's user, or pass \
+                         --token-file PATH or JOBMGR_TOKEN",
+                        default_file.display()
+                    ),
+                });
+            }
+            Err(error) => return Err(error),
         }
-        Err(error) => Err(error),
     }
+    Ok(ClientToken {
+        token: None,
+        hint: format!(
+            "no token was sent: no token file at {}; run as the server's user (its token \
+             file is `token` beside its database), or pass --token-file PATH or JOBMGR_TOKEN",
+            missing.join(" or ")
+        ),
+    })
 }
 
 /// A given token, if any, when it can travel in a header.
@@ -446,7 +475,9 @@ mod tests {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
         let message = for_server(None, &file).unwrap_err().to_string();
         assert!(message.contains("chmod 600"), "{message}");
-        let message = for_client(None, None, &file).unwrap_err().to_string();
+        let message = for_client(None, None, std::slice::from_ref(&file))
+            .unwrap_err()
+            .to_string();
         assert!(message.contains("chmod 600"), "{message}");
 
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -478,14 +509,20 @@ mod tests {
     fn a_client_reads_the_default_file_when_it_can_and_says_why_not() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("token");
-        let none = for_client(None, None, &file).unwrap();
+        let other = dir.path().join("other/token");
+        let defaults = [other.clone(), file.clone()];
+        let none = for_client(None, None, &defaults).unwrap();
         assert!(none.token.is_none());
-        assert!(none.hint.contains("does not exist"), "{}", none.hint);
+        assert!(none.hint.contains("no token file at"), "{}", none.hint);
         assert!(none.hint.contains("--token-file"), "{}", none.hint);
         let made = for_server(None, &file).unwrap();
-        assert_eq!(for_client(None, None, &file).unwrap().token, Some(made));
         assert_eq!(
-            for_client(Some("x"), None, &file)
+            for_client(None, None, &defaults).unwrap().token,
+            Some(made),
+            "the first default that exists"
+        );
+        assert_eq!(
+            for_client(Some("x"), None, &defaults)
                 .unwrap()
                 .token
                 .unwrap()
@@ -494,7 +531,7 @@ mod tests {
         );
         // An explicit file must be readable.
         let missing = dir.path().join("missing");
-        assert!(for_client(None, Some(&missing), &file).is_err());
+        assert!(for_client(None, Some(&missing), &defaults).is_err());
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub struct Connection {
         global = true
     )]
     pub token: Option<String>,
-    /// The file holding the server's token [default: token beside the default database, e.g. /var/lib/jobmgr/token as root]
+    /// The file holding the server's token [default: token beside the default database (/var/lib/jobmgr/token as root), then, as root, /var/lib/jobmgr-server/token]
     #[arg(long, env = "JOBMGR_TOKEN_FILE", value_name = "PATH", global = true)]
     pub token_file: Option<std::path::PathBuf>,
     /// Output format [default: text on a terminal, json when piped].
@@ -243,11 +243,10 @@ fn data_field(data: Option<String>) -> Result<Option<Value>, CliError> {
 }
 
 pub(super) fn client(connection: &Connection) -> Result<(HttpClient, Format), CliError> {
-    let default_file = crate::auth::default_token_file(&crate::server::default_db_path());
     let token = crate::auth::for_client(
         connection.token.as_deref(),
         connection.token_file.as_deref(),
-        &default_file,
+        &crate::auth::default_client_files(),
     )
     .map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((

@@ -112,7 +112,10 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
         Some(url) => {
             let explicit = options.token_file.as_deref();
-            let token = crate::auth::for_client(args.token.as_deref(), explicit, &token_file)
+            let mut defaults = vec![token_file.clone()];
+            defaults.extend(crate::auth::default_client_files());
+            defaults.dedup();
+            let token = crate::auth::for_client(args.token.as_deref(), explicit, &defaults)
                 .map_err(server::ServerError::from)?;
             let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
             let source = connect(url, token)?;

@@ -1340,7 +1340,9 @@ fn waiting_get_job_returns_a_job_created_later() {
     // As in the seed: lower-case header names, then a CreateJob from another
     // connection ended by a line of spaces.
     let mut worker = Conn::open(&server.bedrock);
-    worker.send(b"GetJob\nname: SendEmail\nconnection: wait\ntimeout: 60000\n\n");
+    worker.send(&with_token_header(
+        b"GetJob\nname: SendEmail\nconnection: wait\ntimeout: 60000\n\n",
+    ));
     poll("the GetJob to wait", || (waiting(&api) == 1).then_some(()));
     let mut other = Conn::open(&server.bedrock);
     let id = other

@@ -141,6 +141,7 @@ fn creates_answered_before_a_kill_9_survive_it() {
                     let name = format!("crash-mid-{t}-{i}");
                     let sent = client
                         .post(format!("{url}/jobs"))
+                        .bearer_auth(token())
                         .header("content-type", "application/json")
                         .body(json!({"name": name, "data": payload(t, i)}).to_string())
                         .send()

@@ -9,6 +9,7 @@ use crate::common::*;
 fn post_with_key(server: &Server, path: &str, key: &str, body: &Value) -> (u16, Value) {
     let response = reqwest::blocking::Client::new()
         .post(format!("{}{path}", server.url))
+        .bearer_auth(token())
         .header("Idempotency-Key", key)
         .json(body)
         .send()

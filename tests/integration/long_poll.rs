@@ -387,6 +387,7 @@ fn shutdown_answers_a_held_dequeue_and_exits_cleanly() {
             .expect("client");
         client
             .post(url)
+            .bearer_auth(token())
             .header("content-type", "application/json")
             .body(json!({"name": "lp-shutdown", "waitMs": 3_600_000}).to_string())
             .send()

@@ -29,6 +29,7 @@ fn healthz_says_ok_while_every_write_fails_with_enospc() {
         )
         .args(["sh", mount.to_str().expect("utf-8"), bin()])
         .env("JOBMGR_LOG", "info")
+        .env("JOBMGR_TOKEN", token())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr)
