@@ -959,6 +959,14 @@ fn token_is_required_on_every_address_loopback_included() {
     conn.call(&req_without_token("CreateJob", &[("name", "no-token")]))
         .assert_error("401 Unauthorized: send the server's token in a Token header");
     conn.assert_closed();
+    // `Connection: forget` is no way around it: refused, and not run.
+    let mut conn = Conn::open(&local.bedrock);
+    conn.call(&req_without_token(
+        "CreateJob",
+        &[("name", "no-token"), ("Connection", "forget")],
+    ))
+    .assert_error("401 Unauthorized: send the server's token in a Token header");
+    conn.assert_closed();
     let (_, list) = local.api().get("/jobs?name=no-token");
     assert_eq!(list["jobs"], json!([]), "a refused request ran");
     let mut conn = Conn::open(&local.bedrock);
