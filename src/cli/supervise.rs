@@ -71,6 +71,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 queue: QueueConfig::default(),
                 bedrock_limits: bedrock::Limits::default(),
                 clock_file: None,
+                browser: Default::default(),
             };
             let http_addr = options
                 .http

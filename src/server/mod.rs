@@ -40,6 +40,8 @@ pub struct ServerConfig {
     /// Read the time from this file instead of the system clock (for tests
     /// that script timings; see [`queue::FileClock`]).
     pub clock_file: Option<PathBuf>,
+    /// Which Host and Origin headers the HTTP API accepts.
+    pub browser: http::BrowserPolicy,
 }
 
 /// Why the server could not start or stopped.
@@ -124,6 +126,7 @@ pub struct Server {
     pub queue: Queue,
     store: Arc<SqliteStore>,
     bedrock_limits: bedrock::Limits,
+    browser: http::BrowserPolicy,
 }
 
 impl Server {
@@ -143,6 +146,7 @@ impl Server {
             queue,
             store,
             bedrock_limits: config.bedrock_limits,
+            browser: config.browser.clone(),
         })
     }
 
@@ -180,7 +184,7 @@ impl Server {
             None => None,
         };
         report_queue(self.queue.clone(), stop.clone());
-        let app = http::router(self.queue.clone(), token);
+        let app = http::router(self.queue.clone(), token, self.browser.bound_to(local));
         let queue = self.queue.clone();
         let signal = stop.clone();
         tokio::spawn(async move {

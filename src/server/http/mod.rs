@@ -1,8 +1,10 @@
 //! The HTTP/JSON front-end: a resource API over the queue (`/jobs`, their
 //! actions, and `/dequeue` with a wait), its OpenAPI document at
-//! `/openapi.json`, and bearer-token checks when a token is configured.
+//! `/openapi.json`, bearer-token checks when a token is configured, and
+//! browser safety (see [`browser`]) on every request.
 
 mod body;
+pub mod browser;
 mod error;
 mod reports;
 mod requests;
@@ -15,14 +17,17 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+pub use browser::BrowserPolicy;
 pub use error::ApiError;
 pub use requests::{MAX_LEASE_MS, MIN_LEASE_MS};
 
 use crate::server::queue::Queue;
 
 /// The API's routes over `queue`. With a `token`, every route but
-/// `/healthz` requires `Authorization: Bearer <token>`.
-pub fn router(queue: Queue, token: Option<String>) -> Router {
+/// `/healthz` requires `Authorization: Bearer <token>`. Requests a browser
+/// page could have sent are refused by `browser` (give it the bound address
+/// with [`BrowserPolicy::bound_to`]).
+pub fn router(queue: Queue, token: Option<String>, browser: BrowserPolicy) -> Router {
     let api = Router::new()
         .route("/openapi.json", get(routes::openapi))
         .route("/jobs", post(routes::create).get(routes::list))
@@ -57,6 +62,7 @@ pub fn router(queue: Queue, token: Option<String>) -> Router {
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(browser, browser::guard))
         .with_state(queue)
 }
 
