@@ -1583,12 +1583,16 @@ fn garbage_bytes_get_an_error_status_or_a_close() {
             });
         }
     });
-    // An HTTP request and text that is not UTF-8 read as unknown commands.
+    // An HTTP request, and text that is not UTF-8, are refused and the
+    // connection closed (tests/integration/bedrock_limits.rs has more).
     let mut conn = Conn::open(&server.bedrock);
     conn.call(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .assert_error("430 Unrecognized command");
+        .assert_error("400 HTTP request on the Bedrock port: send HTTP to the HTTP port");
+    conn.assert_closed();
+    let mut conn = Conn::open(&server.bedrock);
     conn.call(b"\xc3\x28CreateJob\r\nname: \xa0\xa1\r\n\r\n")
-        .assert_error("430 Unrecognized command");
+        .assert_error("400 Request is not valid UTF-8");
+    conn.assert_closed();
     let (_, list) = server.api().get("/jobs?limit=1000");
     let names: Vec<&str> = list["jobs"]
         .as_array()
