@@ -141,6 +141,12 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     let http = server::bind(&args.http).await?;
     let local = http.local_addr().map_err(server::ServerError::Serve)?;
     server::check_exposure(local, config.token.as_deref())?;
+    if !local.ip().is_loopback() && config.browser.hosts().is_empty() {
+        tracing::info!(
+            http = %local,
+            "the HTTP API answers only to its address and localhost in Host: clients that call it by a DNS name need --allowed-host NAME"
+        );
+    }
     let bedrock = match args.bedrock.as_str() {
         "none" | "" => None,
         addr => Some(server::bind(addr).await?),

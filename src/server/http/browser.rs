@@ -95,6 +95,11 @@ impl BrowserPolicy {
         })
     }
 
+    /// The host names accepted besides the server's own.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
     /// This policy for an API listening on `addr`.
     pub fn bound_to(&self, addr: SocketAddr) -> Self {
         BrowserPolicy {
