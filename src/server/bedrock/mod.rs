@@ -313,10 +313,18 @@ impl Connection {
     }
 
     async fn refuse(&mut self, error: FrameError) {
-        tracing::info!(
-            status = error.status_line(),
-            "Bedrock port: unreadable request; closing the connection"
-        );
+        if error == FrameError::LooksLikeHttp {
+            // As Redis says of the same: a web page may be trying to use
+            // this port through the browser that shows it.
+            tracing::warn!(
+                "Bedrock port: an HTTP request (a browser's cross-protocol request?) refused; closing the connection"
+            );
+        } else {
+            tracing::info!(
+                status = error.status_line(),
+                "Bedrock port: unreadable request; closing the connection"
+            );
+        }
         let _ = self
             .write(&frame::closing_response(error.status_line(), ""))
             .await;
