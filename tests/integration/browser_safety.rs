@@ -223,3 +223,30 @@ fn a_malformed_allowed_origin_is_refused_at_start() {
         "says what to give: {stderr}"
     );
 }
+
+#[test]
+fn a_supervisors_embedded_server_checks_hosts_and_takes_its_allowed_names() {
+    let sup = Supervisor::embedded()
+        .arg("--allowed-host")
+        .arg("jobs.example.com")
+        .start();
+    let api = Api::new(&sup.ready_field("http"));
+    let (status, answer) =
+        api.send_with_headers("GET", "/jobs", &[("host", "jobs.example.com:8889")], None);
+    assert_eq!(status, 200, "{answer}");
+    assert_error(
+        api.send_with_headers("GET", "/jobs", &[("host", "evil.example:8889")], None),
+        403,
+        "foreign_host",
+    );
+    assert_error(
+        api.send_with_headers(
+            "POST",
+            "/jobs",
+            &[("origin", "http://evil.example")],
+            Some(JOB),
+        ),
+        403,
+        "foreign_origin",
+    );
+}
