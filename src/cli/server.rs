@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::CliError;
 use crate::server::bedrock::{self, DEFAULT_BEDROCK_ADDR};
+use crate::server::http::BrowserPolicy;
 use crate::server::ledger::Retention;
 use crate::server::queue::QueueConfig;
 use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig};
@@ -43,12 +44,31 @@ pub struct ServerArgs {
     /// Bedrock-port connections served at once; more are refused with 503.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub bedrock_max_connections: usize,
-    /// A Bedrock-port connection with no request in progress is closed after this.
+    /// Bedrock-port connections served at once from one client address; more from it are refused with 503 while other addresses are still served.
+    #[arg(long, value_name = "N", default_value_t = bedrock::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub bedrock_max_connections_per_peer: usize,
+    /// A Bedrock-port connection is closed this long after its last answer unless a new request has begun; blank lines do not keep it open.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub bedrock_idle_timeout: Duration,
     /// A Bedrock-port request must arrive whole within this of its first byte.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub bedrock_request_timeout: Duration,
+    /// A further name the HTTP API answers to in the Host header (besides the address it listens on and localhost); repeat for more. Requests naming any other host are refused (403), so a page that rebinds its own domain to this address cannot use the API.
+    #[arg(
+        long = "allowed-host",
+        env = "JOBMGR_ALLOWED_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+    /// A web origin (`https://ops.example.com`) whose pages may call the HTTP API; repeat for more. Requests with any other Origin header are refused (403): by default no browser page can drive the API.
+    #[arg(
+        long = "allowed-origin",
+        env = "JOBMGR_ALLOWED_ORIGINS",
+        value_name = "ORIGIN",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Vec<String>,
     /// Lease of a hand-out whose requester names none (and whose job has no retryAfter).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub lease: Duration,
@@ -121,15 +141,24 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         },
         bedrock_limits: bedrock::Limits {
             max_connections: args.bedrock_max_connections.max(1),
+            max_connections_per_peer: args.bedrock_max_connections_per_peer.max(1),
             idle_timeout: args.bedrock_idle_timeout,
             request_timeout: args.bedrock_request_timeout,
             ..bedrock::Limits::default()
         },
         clock_file: args.clock_file,
+        browser: BrowserPolicy::new(args.allowed_hosts, args.allowed_origins)
+            .map_err(|e| CliError::Usage(e.to_string()))?,
     };
     let signals = super::signals::Signals::register().map_err(server::ServerError::Serve)?;
     let http = server::bind(&args.http).await?;
     let local = http.local_addr().map_err(server::ServerError::Serve)?;
+    if !local.ip().is_loopback() && config.browser.hosts().is_empty() {
+        tracing::info!(
+            http = %local,
+            "the HTTP API answers only to its address and localhost in Host: clients that call it by a DNS name need --allowed-host NAME"
+        );
+    }
     let bedrock = match args.bedrock.as_str() {
         "none" | "" => None,
         addr => Some(server::bind(addr).await?),

@@ -80,6 +80,11 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 queue: QueueConfig::default(),
                 bedrock_limits: bedrock::Limits::default(),
                 clock_file: None,
+                browser: crate::server::http::BrowserPolicy::new(
+                    options.allowed_hosts.clone().unwrap_or_default(),
+                    options.allowed_origins.clone().unwrap_or_default(),
+                )
+                .map_err(|e| CliError::Usage(e.to_string()))?,
             };
             let http_addr = options
                 .http

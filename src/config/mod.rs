@@ -137,6 +137,22 @@ pub struct SupervisorOptions {
     /// Embedded server: where its Bedrock port listens, or "none" [default: 127.0.0.1:8888]
     #[arg(long, value_name = "ADDR", env = "JOBMGR_BEDROCK")]
     pub bedrock: Option<String>,
+    /// Embedded server: further names its HTTP API answers to in the Host header, besides its address and localhost ("*" for any) [default: none]
+    #[arg(
+        long = "allowed-host",
+        value_name = "NAME",
+        env = "JOBMGR_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Embedded server: web origins (https://ops.example.com) whose pages may call its HTTP API ("*" for any) [default: none]
+    #[arg(
+        long = "allowed-origin",
+        value_name = "ORIGIN",
+        env = "JOBMGR_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub allowed_origins: Option<Vec<String>>,
     /// When running as root: the user workers run as [default: jobmgr, else nobody]; "root" must be said explicitly; "self" means the supervisor's own user
     #[arg(long, value_name = "USER", env = "JOBMGR_USER")]
     pub user: Option<String>,
@@ -398,6 +414,8 @@ impl SupervisorOptions {
             db,
             http,
             bedrock,
+            allowed_hosts,
+            allowed_origins,
             metrics,
             user,
             group,

@@ -220,12 +220,15 @@ pub fn check_job_id(param: &'static str, id: i64) -> Result<JobId, JobError> {
     }
 }
 
-/// Checks a job name: 1 to 255 bytes, no NUL.
+/// Checks a job name: 1 to 255 bytes, no control characters (NUL, newline,
+/// tab, escape, …: see [`super::text::is_control`]).
 pub fn check_name(name: &str) -> Result<(), JobError> {
     if name.is_empty() {
         Err(JobError::Missing("name"))
-    } else if name.len() > MAX_NAME_BYTES || name.contains('\0') {
+    } else if name.len() > MAX_NAME_BYTES {
         Err(JobError::Malformed("name"))
+    } else if super::text::has_control(name) {
+        Err(JobError::ControlCharacter("name"))
     } else {
         Ok(())
     }
@@ -363,7 +366,21 @@ mod tests {
             check_name(&"n".repeat(256)),
             Err(JobError::Malformed("name"))
         );
-        assert_eq!(check_name("a\0b"), Err(JobError::Malformed("name")));
+        for bad in [
+            "a\0b",
+            "a\nb",
+            "a\rb",
+            "a\tb",
+            "a\u{1b}[31mb",
+            "a\u{2028}b",
+            "a\u{85}b",
+        ] {
+            assert_eq!(
+                check_name(bad),
+                Err(JobError::ControlCharacter("name")),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

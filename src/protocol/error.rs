@@ -16,6 +16,10 @@ pub enum JobError {
     /// A parameter is present but not in the form required.
     #[error("Malformed {0}")]
     Malformed(&'static str),
+    /// A parameter holds a control character (a newline, tab, escape, …;
+    /// see [`super::text::is_control`]), which could forge log lines.
+    #[error("Malformed {0}: control characters (newline, tab, escape, ...) are not allowed")]
+    ControlCharacter(&'static str),
     /// A priority outside 0, 250, 500, 750, 850, 1000.
     #[error("Invalid priority value")]
     InvalidPriority,
@@ -122,8 +126,9 @@ impl JobError {
         use JobError::*;
         match self {
             InvalidJson => 401,
-            Missing(_) | Malformed(_) | InvalidPriority | DataNotObject | DataTooLarge
-            | MalformedRepeat | MalformedRetryAfter | NumResultsWithGetJob | NegativeDelay => 402,
+            Missing(_) | Malformed(_) | ControlCharacter(_) | InvalidPriority | DataNotObject
+            | DataTooLarge | MalformedRepeat | MalformedRetryAfter | NumResultsWithGetJob
+            | NegativeDelay => 402,
             NoJobFound | NoSuchJob | ParentMissing | ChildOfOtherParent | CancelParent
             | CancelOrphan => 404,
             ParentNotRunning | Grandchild | NotHeldForFinish | ParentNotPaused | NotHeldForFail
@@ -141,7 +146,7 @@ impl JobError {
         use JobError::*;
         match self {
             Missing(param) => format!("missing_{}", snake(param)),
-            Malformed(param) => format!("malformed_{}", snake(param)),
+            Malformed(param) | ControlCharacter(param) => format!("malformed_{}", snake(param)),
             other => {
                 let code = match other {
                     InvalidPriority => "invalid_priority",
@@ -173,7 +178,9 @@ impl JobError {
                     UnrecognizedCommand => "unrecognized_command",
                     Store(_) => "store_failed",
                     ShuttingDown => "shutting_down",
-                    Missing(_) | Malformed(_) => unreachable!("handled above"),
+                    Missing(_) | Malformed(_) | ControlCharacter(_) => {
+                        unreachable!("handled above")
+                    }
                 };
                 code.to_string()
             }
@@ -213,6 +220,11 @@ mod tests {
             "402 Malformed jobID"
         );
         assert_eq!(JobError::NoJobFound.status_line(), "404 No job found");
+        assert_eq!(
+            JobError::ControlCharacter("name").status_line(),
+            "402 Malformed name: control characters (newline, tab, escape, ...) are not allowed"
+        );
+        assert_eq!(JobError::ControlCharacter("name").code(), "malformed_name");
         assert_eq!(
             JobError::NotHeldForFinish.status_line(),
             "405 Can only retry/finish RUNNING and RUNQUEUED jobs"

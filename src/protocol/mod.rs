@@ -7,6 +7,7 @@ pub mod error;
 pub mod job;
 pub mod pattern;
 pub mod repeat;
+pub mod text;
 pub mod time;
 pub mod view;
 pub mod worker;

@@ -25,6 +25,9 @@ impl NamePattern {
         if name.len() > 64 * MAX_NAME_BYTES {
             return Err(JobError::Malformed("name"));
         }
+        if super::text::has_control(name) {
+            return Err(JobError::ControlCharacter("name"));
+        }
         let items: Vec<String> = name
             .split(',')
             .map(str::trim)
@@ -168,6 +171,10 @@ mod tests {
             NamePattern::Glob("a,".into())
         );
         assert_eq!(NamePattern::parse(""), Err(JobError::Missing("name")));
+        assert_eq!(
+            NamePattern::parse("a*\n"),
+            Err(JobError::ControlCharacter("name"))
+        );
         assert!(NamePattern::parse("a, b").unwrap().matches("b"));
         assert!(!NamePattern::parse("a, b").unwrap().matches("a, b"));
     }

@@ -43,6 +43,8 @@ pub struct ServerConfig {
     /// Read the time from this file instead of the system clock (for tests
     /// that script timings; see [`queue::FileClock`]).
     pub clock_file: Option<PathBuf>,
+    /// Which Host and Origin headers the HTTP API accepts.
+    pub browser: http::BrowserPolicy,
 }
 
 /// Why the server could not start or stopped.
@@ -121,6 +123,7 @@ pub struct Server {
     bedrock_limits: bedrock::Limits,
     token: ApiToken,
     bedrock_trust_loopback: bool,
+    browser: http::BrowserPolicy,
 }
 
 impl Server {
@@ -142,6 +145,7 @@ impl Server {
             bedrock_limits: config.bedrock_limits,
             token: config.token.clone(),
             bedrock_trust_loopback: config.bedrock_trust_loopback,
+            browser: config.browser.clone(),
         })
     }
 
@@ -154,6 +158,7 @@ impl Server {
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
+        let local = listeners.http.local_addr().map_err(ServerError::Serve)?;
         self.queue.ready().await;
         let stop = CancellationToken::new();
         let bedrock = match listeners.bedrock {
@@ -176,7 +181,11 @@ impl Server {
             None => None,
         };
         report_queue(self.queue.clone(), stop.clone());
-        let app = http::router(self.queue.clone(), self.token.clone());
+        let app = http::router(
+            self.queue.clone(),
+            self.token.clone(),
+            self.browser.bound_to(local),
+        );
         let queue = self.queue.clone();
         let signal = stop.clone();
         tokio::spawn(async move {

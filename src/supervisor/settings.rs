@@ -158,8 +158,11 @@ impl Settings {
                 .map_err(|e| setting(format!("[[job]] {:?}: {e}", rule.name)))?;
             rules.push((pattern, job_settings(&rule.over(options), Some(rule))?));
         }
+        let job_name = options.job_name.clone().unwrap_or_else(|| "*".into());
+        NamePattern::parse(&job_name)
+            .map_err(|e| setting(format!("job-name {job_name:?}: {e}")))?;
         Ok(Settings {
-            job_name: options.job_name.clone().unwrap_or_else(|| "*".into()),
+            job_name,
             worker_path,
             gate: GateLimits {
                 max_load,

@@ -5,6 +5,14 @@
 //! A later duplicate header replaces an earlier one, except
 //! `Content-Length`: two of them are refused, since a proxy in front that
 //! takes the other one would frame the connection differently.
+//!
+//! Two kinds of bytes are refused before anything after them is read: text
+//! that is not UTF-8 (as the HTTP API refuses it), and anything that looks
+//! like HTTP (a method line starting `GET`, `POST`, … or a `Host` or
+//! `Origin` header). A browser can be made to send the latter to any port
+//! (a cross-protocol request, with a `text/plain` body that reads as
+//! Bedrock commands); as Redis's protected mode does, the connection is
+//! answered with an error and closed, so no command in such a body runs.
 
 use std::collections::HashMap;
 
@@ -56,7 +64,21 @@ pub enum FrameError {
     DuplicateContentLength,
     /// A header line has no `:`.
     BadHeader,
+    /// A line (or the body) is not UTF-8.
+    NotUtf8,
+    /// The request looks like HTTP (a browser's cross-protocol request).
+    LooksLikeHttp,
 }
+
+/// HTTP's methods: a Bedrock request whose method line starts with one of
+/// these (in any case) is an HTTP request sent to the wrong port.
+const HTTP_METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// Headers only HTTP clients (browsers above all) send; Bedrock clients
+/// never do.
+const HTTP_ONLY_HEADERS: [&str; 2] = ["host", "origin"];
 
 impl FrameError {
     /// The status line to answer with before closing the connection.
@@ -66,6 +88,10 @@ impl FrameError {
             FrameError::BadContentLength => "400 Malformed Content-Length",
             FrameError::DuplicateContentLength => "400 Duplicate Content-Length",
             FrameError::BadHeader => "400 Malformed header line",
+            FrameError::NotUtf8 => "400 Request is not valid UTF-8",
+            FrameError::LooksLikeHttp => {
+                "400 HTTP request on the Bedrock port: send HTTP to the HTTP port"
+            }
         }
     }
 }
@@ -113,10 +139,14 @@ impl FrameReader {
                 if buf.len() < body_start + length {
                     return Ok(None);
                 }
+                let body = &buf[body_start..body_start + length];
+                if std::str::from_utf8(body).is_err() {
+                    return Err(FrameError::NotUtf8);
+                }
                 let request = Request {
                     method: self.method.take().unwrap_or_default(),
                     headers: std::mem::take(&mut self.headers),
-                    body: buf[body_start..body_start + length].to_vec(),
+                    body: body.to_vec(),
                 };
                 *self = FrameReader::default();
                 return Ok(Some((request, body_start + length)));
@@ -145,14 +175,18 @@ impl FrameReader {
                 }
                 self.begun = true;
                 self.start = Some(line_start);
-                let text = String::from_utf8_lossy(line);
-                self.method = Some(text.split_whitespace().next().unwrap_or("").to_string());
+                let text = std::str::from_utf8(line).map_err(|_| FrameError::NotUtf8)?;
+                let method = text.split_whitespace().next().unwrap_or("");
+                if HTTP_METHODS.iter().any(|m| m.eq_ignore_ascii_case(method)) {
+                    return Err(FrameError::LooksLikeHttp);
+                }
+                self.method = Some(method.to_string());
                 continue;
             };
             if end + 1 > MAX_REQUEST {
                 return Err(FrameError::TooLarge);
             }
-            let text = String::from_utf8_lossy(line);
+            let text = std::str::from_utf8(line).map_err(|_| FrameError::NotUtf8)?;
             if text.trim().is_empty() {
                 let length = match self.headers.get("content-length") {
                     None => 0,
@@ -174,6 +208,9 @@ impl FrameReader {
                 return Err(FrameError::TooLarge);
             }
             let name = name.trim().to_ascii_lowercase();
+            if HTTP_ONLY_HEADERS.contains(&name.as_str()) {
+                return Err(FrameError::LooksLikeHttp);
+            }
             if name == "content-length" && self.headers.contains_key(&name) {
                 return Err(FrameError::DuplicateContentLength);
             }
@@ -341,6 +378,38 @@ mod tests {
         ] {
             assert_eq!(parse(bytes), Err(FrameError::DuplicateContentLength));
         }
+    }
+
+    #[test]
+    fn text_that_is_not_utf8_is_refused_wherever_it_is() {
+        for bytes in [
+            &b"\xc3\x28CreateJob\r\nname: x\r\n\r\n"[..],
+            b"CreateJob\r\nname: \xa0\xa1\r\n\r\n",
+            b"CreateJob\r\nContent-Length: 2\r\n\r\n\xff\xfe",
+        ] {
+            assert_eq!(parse(bytes), Err(FrameError::NotUtf8), "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn http_is_refused_at_its_first_line_or_header() {
+        // Refused as soon as the line arrives, before the rest is read.
+        for bytes in [
+            &b"POST / HTTP/1.1\r\n"[..],
+            b"get /jobs HTTP/1.0\n",
+            b"OPTIONS * HTTP/1.1\r\n",
+            b"CreateJob\r\nHost: 127.0.0.1:8888\r\n",
+            b"CreateJob\r\norigin: http://evil.example\r\n",
+        ] {
+            assert_eq!(parse(bytes), Err(FrameError::LooksLikeHttp), "{bytes:?}");
+        }
+        // Bedrock's own method lines may end like HTTP's.
+        assert!(
+            parse(b"CreateJob / HTTP/1.1\r\nname: a\r\n\r\n")
+                .unwrap()
+                .is_some()
+        );
+        assert!(parse(b"GetJobs\r\nname: a\r\n\r\n").unwrap().is_some());
     }
 
     #[test]

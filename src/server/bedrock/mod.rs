@@ -2,11 +2,17 @@
 //! default), answering every Jobs command over the same queue as the HTTP
 //! API. Persistent connections, pipelining, `Connection: close`, `forget` and
 //! `wait`. Hostile clients are bounded: requests have a size limit and a time
-//! limit, idle connections are closed, the number of connections is capped,
-//! and the bytes buffered across all connections share one budget.
+//! limit, idle connections are closed, the number of connections is capped
+//! (in all and per peer address), and the bytes buffered across all
+//! connections share one budget.
+//!
+//! Idle time is counted from the last answer: bytes that make no request
+//! (blank lines) do not restart it, and bytes of an unfinished request run
+//! under the request's own time limit from its first byte.
 
 pub mod commands;
 pub mod frame;
+pub mod peers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +35,11 @@ pub const DEFAULT_BEDROCK_ADDR: &str = "127.0.0.1:8888";
 pub struct Limits {
     /// Connections served at once; more are told `503` and closed.
     pub max_connections: usize,
-    /// A connection with no request in progress is closed after this.
+    /// Connections served at once from one peer address; more from it are
+    /// told `503` and closed while other peers are still served.
+    pub max_connections_per_peer: usize,
+    /// A connection is closed when this passes after its last answer (or
+    /// its start) without a request beginning; blank lines do not count.
     pub idle_timeout: Duration,
     /// A request must arrive whole within this of its first byte.
     pub request_timeout: Duration,
@@ -40,6 +50,9 @@ pub struct Limits {
     pub buffer_budget: usize,
 }
 
+/// Connections one peer address may hold open by default.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;
+
 /// Bytes each connection may buffer without drawing on the shared budget.
 pub const FREE_BUFFER: usize = 64 * 1024;
 
@@ -47,6 +60,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 1024,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             idle_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
@@ -78,6 +92,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = peers::PeerCounts::new(limits.max_connections_per_peer);
     let open = tokio_util::task::TaskTracker::new();
     // The budget counts KiB so that it fits a semaphore's permit count.
     let budget = Arc::new(Semaphore::new(limits.buffer_budget / 1024));
@@ -86,7 +101,7 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             _ = shutdown.cancelled() => break,
         };
-        let (mut stream, peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 // Out of descriptors and the like: back off instead of spinning.
@@ -95,13 +110,17 @@ pub async fn serve(
                 continue;
             }
         };
+        // The peer's own cap first, so that its surplus takes no place
+        // from the others.
+        let Some(slot) = peers.enter(peer.ip()) else {
+            tracing::warn!(%peer, cap = limits.max_connections_per_peer,
+                "Bedrock port: too many connections from one address; refusing one");
+            refuse_connection(stream, "503 Too many connections from your address");
+            continue;
+        };
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
             tracing::warn!(%peer, "Bedrock port: too many connections; refusing one");
-            tokio::spawn(async move {
-                let refusal = frame::closing_response("503 Too many connections", "");
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(1), stream.write_all(&refusal)).await;
-            });
+            refuse_connection(stream, "503 Too many connections");
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -121,6 +140,7 @@ pub async fn serve(
         open.spawn(async move {
             connection.run().await;
             drop(permit);
+            drop(slot);
         });
     }
     // Connections end once their current request is answered; their
@@ -128,6 +148,15 @@ pub async fn serve(
     open.close();
     open.wait().await;
     tracing::debug!("Bedrock port closed");
+}
+
+/// Tells a connection over a cap why it is closed (within a second, so a
+/// client that reads nothing costs nothing for long), then closes it.
+fn refuse_connection(mut stream: TcpStream, status_line: &'static str) {
+    tokio::spawn(async move {
+        let refusal = frame::closing_response(status_line, "");
+        let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&refusal)).await;
+    });
 }
 
 /// What to do after an answer.
@@ -161,6 +190,8 @@ enum ReadEnd {
 impl Connection {
     async fn run(mut self) {
         let mut request_started: Option<Instant> = None;
+        // Restarted only by an answer: blank lines are idle time too.
+        let mut idle_since = Instant::now();
         loop {
             match self.reader.next(&self.buf[self.pos..]) {
                 Err(error) => {
@@ -171,7 +202,7 @@ impl Connection {
                     self.consume(used);
                     request_started = None;
                     match self.answer(request).await {
-                        After::KeepOpen => continue,
+                        After::KeepOpen => idle_since = Instant::now(),
                         After::Close => return,
                     }
                 }
@@ -181,7 +212,7 @@ impl Connection {
                         *request_started.get_or_insert_with(Instant::now)
                             + self.limits.request_timeout
                     } else {
-                        Instant::now() + self.limits.idle_timeout
+                        idle_since + self.limits.idle_timeout
                     };
                     if !partial && self.shutdown.is_cancelled() {
                         return;
@@ -295,10 +326,18 @@ impl Connection {
     }
 
     async fn refuse(&mut self, error: FrameError) {
-        tracing::info!(
-            status = error.status_line(),
-            "Bedrock port: unreadable request; closing the connection"
-        );
+        if error == FrameError::LooksLikeHttp {
+            // As Redis says of the same: a web page may be trying to use
+            // this port through the browser that shows it.
+            tracing::warn!(
+                "Bedrock port: an HTTP request (a browser's cross-protocol request?) refused; closing the connection"
+            );
+        } else {
+            tracing::info!(
+                status = error.status_line(),
+                "Bedrock port: unreadable request; closing the connection"
+            );
+        }
         let _ = self
             .write(&frame::closing_response(error.status_line(), ""))
             .await;

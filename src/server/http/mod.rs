@@ -1,8 +1,10 @@
 //! The HTTP/JSON front-end: a resource API over the queue (`/jobs`, their
 //! actions, and `/dequeue` with a wait), its OpenAPI document at
-//! `/openapi.json`, and the bearer-token check on every route but `/healthz`.
+//! `/openapi.json`, the bearer-token check on every route but `/healthz`,
+//! and browser safety (see [`browser`]) on every request.
 
 mod body;
+pub mod browser;
 mod error;
 mod reports;
 mod requests;
@@ -15,6 +17,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+pub use browser::BrowserPolicy;
 pub use error::ApiError;
 pub use requests::{MAX_LEASE_MS, MIN_LEASE_MS};
 
@@ -22,8 +25,10 @@ use crate::auth::ApiToken;
 use crate::server::queue::Queue;
 
 /// The API's routes over `queue`. Every route but `/healthz` requires
-/// `Authorization: Bearer <token>`.
-pub fn router(queue: Queue, token: ApiToken) -> Router {
+/// `Authorization: Bearer <token>`. Requests a browser page could have sent
+/// are refused by `browser` (give it the bound address with
+/// [`BrowserPolicy::bound_to`]).
+pub fn router(queue: Queue, token: ApiToken, browser: BrowserPolicy) -> Router {
     let api = Router::new()
         .route("/openapi.json", get(routes::openapi))
         .route("/jobs", post(routes::create).get(routes::list))
@@ -58,6 +63,7 @@ pub fn router(queue: Queue, token: ApiToken) -> Router {
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(browser, browser::guard))
         .with_state(queue)
 }
 

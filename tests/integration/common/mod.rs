@@ -397,6 +397,37 @@ impl Api {
         (status, value)
     }
 
+    /// Any request with these headers (`Host`, `Origin`, `Content-Type`, …)
+    /// and a body sent as given, with no `Content-Type` unless listed: what
+    /// a browser page could send.
+    pub fn send_with_headers(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self
+            .client
+            .request(method, format!("{}{}", self.base, path));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.body(body.to_string());
+        }
+        let response = request.send().expect("request");
+        let status = response.status().as_u16();
+        let text = response.text().expect("body");
+        let value = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("answer is not JSON: HTTP {status} {text:?}"));
+        (status, value)
+    }
+
     /// `GET path`.
     pub fn get(&self, path: &str) -> (u16, Value) {
         self.send("GET", path, None)
@@ -484,6 +515,44 @@ pub fn assert_error(answer: (u16, Value), status: u16, code: &str) {
 /// until it closes or goes quiet for a second.
 pub fn raw_exchange(addr: &str, bytes: &[u8]) -> String {
     let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("timeout");
+    stream.write_all(bytes).expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A TCP connection to `addr` from the local address `from` (such as
+/// 127.0.0.2, to be another peer than 127.0.0.1).
+pub fn connect_from(from: std::net::IpAddr, addr: &str) -> TcpStream {
+    let target: std::net::SocketAddr = addr.parse().expect("ip:port");
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(target),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
+    socket
+        .bind(&std::net::SocketAddr::new(from, 0).into())
+        .unwrap_or_else(|e| panic!("bind to {from}: {e}"));
+    socket
+        .connect(&target.into())
+        .unwrap_or_else(|e| panic!("connect from {from} to {addr}: {e}"));
+    socket.into()
+}
+
+/// As [`raw_exchange`], from the local address `from`.
+pub fn raw_exchange_from(from: std::net::IpAddr, addr: &str, bytes: &[u8]) -> String {
+    let mut stream = connect_from(from, addr);
     stream
         .set_read_timeout(Some(Duration::from_secs(1)))
         .expect("timeout");
