@@ -26,6 +26,9 @@ pub struct Connection {
         global = true
     )]
     pub token: Option<String>,
+    /// Also trust this CA certificate (PEM) for an https:// server.
+    #[arg(long, env = "JOBMGR_CA_CERT", value_name = "PEM", global = true)]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Output format [default: text on a terminal, json when piped].
     #[arg(long, value_enum, global = true)]
     pub format: Option<Format>,
@@ -241,7 +244,11 @@ fn data_field(data: Option<String>) -> Result<Option<Value>, CliError> {
 
 pub(super) fn client(connection: &Connection) -> Result<(HttpClient, Format), CliError> {
     Ok((
-        HttpClient::new(&connection.server, connection.token.clone())?,
+        HttpClient::trusting(
+            &connection.server,
+            connection.token.clone(),
+            connection.ca_cert.as_deref(),
+        )?,
         Format::choose(connection.format),
     ))
 }

@@ -31,6 +31,9 @@ pub struct SuperviseArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// Also trust this CA certificate (PEM) for an https:// --server.
+    #[arg(long, env = "JOBMGR_CA_CERT", value_name = "PEM")]
+    pub ca_cert: Option<PathBuf>,
     /// The options.
     #[command(flatten)]
     pub options: SupervisorOptions,
@@ -70,6 +73,8 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 token: token.clone(),
                 queue: QueueConfig::default(),
                 bedrock_limits: bedrock::Limits::default(),
+                http_limits: server::http::Limits::default(),
+                tls: None,
                 clock_file: None,
             };
             let http_addr = options
@@ -106,7 +111,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             Arc::new(LocalSource::new(queue))
         }
         Some(url) => {
-            let source = connect(url, token.clone())?;
+            let source = connect(url, token.clone(), args.ca_cert.as_deref())?;
             println!(
                 "jobmgr supervisor ready: server={}{metrics}",
                 source.describe()
@@ -131,6 +136,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         let reload_args = SuperviseArgs {
             config: args.config.clone(),
             token: None,
+            ca_cert: None,
             options: args.options.clone(),
         };
         let reload_state = state_dir.clone();
@@ -191,9 +197,13 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
 }
 
 /// A job source for a server URL.
-pub fn connect(url: &str, token: Option<String>) -> Result<Arc<dyn JobSource>, CliError> {
+pub fn connect(
+    url: &str,
+    token: Option<String>,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<Arc<dyn JobSource>, CliError> {
     if url.starts_with("http://") || url.starts_with("https://") {
-        return Ok(Arc::new(HttpSource::new(url, token)?));
+        return Ok(Arc::new(HttpSource::trusting(url, token, ca_cert)?));
     }
     if let Some(addr) = url.strip_prefix("bedrock://") {
         let source = crate::client::BedrockSource::new(addr.trim_end_matches('/'))
@@ -207,6 +217,6 @@ pub fn connect(url: &str, token: Option<String>) -> Result<Arc<dyn JobSource>, C
         return Ok(Arc::new(source));
     }
     Err(CliError::Usage(format!(
-        "bad --server {url:?}: expected http://HOST:PORT or bedrock://HOST:PORT"
+        "bad --server {url:?}: expected http://HOST:PORT, https://HOST:PORT or bedrock://HOST:PORT"
     )))
 }

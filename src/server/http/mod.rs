@@ -4,6 +4,7 @@
 
 mod body;
 mod error;
+pub mod listen;
 mod reports;
 mod requests;
 mod routes;
@@ -16,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub use error::ApiError;
+pub use listen::{Limits, TlsFiles};
 pub use requests::{MAX_LEASE_MS, MIN_LEASE_MS};
 
 use crate::server::queue::Queue;
