@@ -18,6 +18,7 @@ mod handback;
 mod harness;
 mod hostile;
 mod hostile_workers;
+mod http_limits;
 mod idempotency;
 mod leases;
 mod ledger;

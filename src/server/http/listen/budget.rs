@@ -3,6 +3,7 @@
 //! server, drawn on while a body is read and held until its request ends.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -87,9 +88,10 @@ pub struct Bounded<B> {
     holding: Holding,
     deadline: Pin<Box<tokio::time::Sleep>>,
     timeout: Duration,
+    complete: Arc<AtomicBool>,
 }
 
-impl<B> Bounded<B> {
+impl<B: Body> Bounded<B> {
     /// Bounds `inner`: at most `limit` bytes, whole within `timeout`,
     /// drawing on `budget` into `holding`.
     pub fn new(
@@ -99,6 +101,7 @@ impl<B> Bounded<B> {
         budget: Arc<Semaphore>,
         holding: Holding,
     ) -> Self {
+        let complete = Arc::new(AtomicBool::new(inner.is_end_stream()));
         Bounded {
             inner,
             limit,
@@ -107,7 +110,14 @@ impl<B> Bounded<B> {
             holding,
             deadline: Box::pin(tokio::time::sleep(timeout)),
             timeout,
+            complete,
         }
+    }
+
+    /// Set once the body has been read to its end: until then, the
+    /// connection cannot carry another request.
+    pub fn complete(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.complete)
     }
 }
 
@@ -141,10 +151,16 @@ where
                         return Poll::Ready(Some(Err(BodyError::OverBudget)));
                     }
                 }
+                if this.inner.is_end_stream() {
+                    this.complete.store(true, Ordering::Release);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(BodyError::Read(error)))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                this.complete.store(true, Ordering::Release);
+                Poll::Ready(None)
+            }
         }
     }
 

@@ -315,6 +315,16 @@ fn busy() -> Response {
     response
 }
 
+/// Marks an answer as the connection's last (its request's body was not
+/// read to the end), so that the client does not send another on it.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 /// One request: refused at once when its declared body is over its limit
 /// or the budget, else passed to the router with its body bounded.
 async fn handle(shared: &Shared, request: Request<Incoming>, peer: SocketAddr) -> Response {
@@ -325,12 +335,14 @@ async fn handle(shared: &Shared, request: Request<Incoming>, peer: SocketAddr) -
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|declared| declared > limit as u64) {
-        return ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            BodyError::TooLarge { limit }.to_string(),
-        )
-        .into_response();
+        return closing(
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                BodyError::TooLarge { limit }.to_string(),
+            )
+            .into_response(),
+        );
     }
     let holding = Holding::default();
     let mut reserve = kib_beyond_free(declared.unwrap_or(0) as usize);
@@ -338,7 +350,7 @@ async fn handle(shared: &Shared, request: Request<Incoming>, peer: SocketAddr) -
         reserve += PAGE_RESERVE / 1024;
     }
     if !holding.take(&shared.budget, reserve) {
-        return busy();
+        return closing(busy());
     }
     let (mut parts, body) = request.into_parts();
     parts.extensions.insert(ConnectInfo(peer));
@@ -349,10 +361,17 @@ async fn handle(shared: &Shared, request: Request<Incoming>, peer: SocketAddr) -
         Arc::clone(&shared.budget),
         holding.clone(),
     );
+    let complete = body.complete();
     let request = Request::from_parts(parts, axum::body::Body::new(body));
     let response = match shared.router.clone().oneshot(request).await {
         Ok(response) => response,
         Err(never) => match never {},
+    };
+    // A body left unread cannot be skipped to reach the next request.
+    let response = if complete.load(std::sync::atomic::Ordering::Acquire) {
+        response
+    } else {
+        closing(response)
     };
     // The budget is given back once the answer has been sent.
     response.map(|body| axum::body::Body::new(budget::Held::new(body, holding)))
