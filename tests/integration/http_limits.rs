@@ -25,8 +25,8 @@ fn raise_own_fd_limit() {
 /// A TCP connection to `server` from the local address `from`.
 fn connect_from(from: IpAddr, server: &str) -> TcpStream {
     let server: SocketAddr = server.parse().expect("server address");
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-        .expect("socket");
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
     socket
         .bind(&SocketAddr::new(from, 0).into())
         .expect("bind the client socket");

@@ -32,4 +32,5 @@ mod repeat;
 mod sandbox;
 mod store_health;
 mod supervisor;
+mod tls;
 mod wake_ups;
