@@ -165,6 +165,7 @@ pub async fn serve(
         budget: Arc::new(Semaphore::new(limits.body_budget / 1024)),
     });
     let open = TaskTracker::new();
+    let mut refusals = Refusals::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -182,7 +183,7 @@ pub async fn serve(
         let slot = match caps.admit(peer.ip()) {
             Ok(slot) => slot,
             Err(why) => {
-                tracing::warn!(%peer, "HTTP port: {why}; refusing one");
+                refusals.note(peer, why);
                 refuse(&stream, why);
                 continue;
             }
@@ -212,6 +213,36 @@ pub async fn serve(
     }
     open.close();
     open.wait().await;
+}
+
+/// Refused connections, logged at most once per [`Refusals::EVERY`] so
+/// that a flood does not flood the log too.
+#[derive(Default)]
+struct Refusals {
+    since_logged: u64,
+    logged: Option<tokio::time::Instant>,
+}
+
+impl Refusals {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn note(&mut self, peer: SocketAddr, why: &str) {
+        self.since_logged += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .logged
+            .is_none_or(|at| now.duration_since(at) >= Self::EVERY)
+        {
+            tracing::warn!(
+                %peer,
+                refused = self.since_logged,
+                "HTTP port: {why}; refusing connections (see --http-max-connections, \
+                 --http-max-connections-per-peer)"
+            );
+            self.since_logged = 0;
+            self.logged = Some(now);
+        }
+    }
 }
 
 /// Answers a connection over the caps with 503, without waiting for the
