@@ -38,6 +38,8 @@ struct Phase {
 #[derive(Debug)]
 pub struct Activity {
     phase: Mutex<Phase>,
+    /// Told when the last request in flight ends.
+    quiet: tokio::sync::Notify,
 }
 
 /// A request in progress; dropping it ends the request.
@@ -53,6 +55,7 @@ impl Activity {
                 reading_head: true,
                 since: Instant::now(),
             }),
+            quiet: tokio::sync::Notify::new(),
         })
     }
 
@@ -95,8 +98,9 @@ impl Activity {
             match deadline {
                 Some(deadline) if Instant::now() >= deadline => return why,
                 Some(deadline) => tokio::time::sleep_until(deadline).await,
-                // Look again later: requests end without waking this.
-                None => tokio::time::sleep(header.min(idle)).await,
+                // Wait for the last request to end (its permit is kept if
+                // it ended since the look above).
+                None => self.quiet.notified().await,
             }
         }
     }
@@ -109,6 +113,7 @@ impl Drop for Busy {
         if phase.in_flight == 0 {
             phase.reading_head = false;
             phase.since = Instant::now();
+            self.0.quiet.notify_one();
         }
     }
 }
