@@ -217,6 +217,15 @@ impl Server {
                  network in clear; pass --tls-cert and --tls-key"
             );
         }
+        let limits = self.http_limits;
+        tracing::info!(
+            max_connections = limits.max_connections,
+            per_peer = limits.max_connections_per_peer,
+            body_budget_mib = limits.body_budget >> 20,
+            memory_bound_mib = limits.memory_bound() >> 20,
+            tls = self.tls.is_some(),
+            "HTTP port limits"
+        );
         http::listen::serve(
             listeners.http,
             app,
