@@ -6,7 +6,6 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -352,12 +351,14 @@ fn a_chunked_body_over_the_limit_is_cut() {
 /// sending `sent` bytes and then holding until `release`; returns for each
 /// the first line it was answered with (empty if cut without one).
 fn slow_uploads(server: &Server, count: usize, sent: usize) -> Vec<String> {
-    let start = Arc::new(Barrier::new(count + 1));
-    let release = Arc::new(Barrier::new(count + 1));
+    let (ready, all_ready) = std::sync::mpsc::channel::<()>();
+    let mut releases = Vec::new();
     let uploads: Vec<_> = (0..count)
         .map(|_| {
             let addr = server.addr();
-            let (start, release) = (Arc::clone(&start), Arc::clone(&release));
+            let ready = ready.clone();
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            releases.push(release);
             std::thread::spawn(move || {
                 let mut stream = TcpStream::connect(addr).expect("connect");
                 let head = "POST /jobs/batch HTTP/1.1\r\nHost: 127.0.0.1\r\n\
@@ -374,8 +375,8 @@ fn slow_uploads(server: &Server, count: usize, sent: usize) -> Vec<String> {
                     }
                     done += chunk.len();
                 }
-                start.wait();
-                release.wait();
+                let _ = ready.send(());
+                let _ = released.recv_timeout(DEADLINE);
                 stream
                     .set_read_timeout(Some(Duration::from_millis(500)))
                     .expect("timeout");
@@ -391,10 +392,14 @@ fn slow_uploads(server: &Server, count: usize, sent: usize) -> Vec<String> {
             })
         })
         .collect();
-    start.wait();
+    for _ in 0..count {
+        all_ready
+            .recv_timeout(DEADLINE)
+            .expect("every upload sent its part");
+    }
     // Every upload has sent its part and holds: a normal client is answered.
     assert_eq!(create_from(HERE, &server.url, "WhileUploading"), 200);
-    release.wait();
+    drop(releases);
     uploads
         .into_iter()
         .map(|u| u.join().expect("upload thread"))
