@@ -484,3 +484,31 @@ fn a_big_listing_is_paged_under_8_mib_and_concurrent_listings_stay_within_budget
     }
     assert_peak_rss_within(pid, baseline, 64 + 48, "8 concurrent listings of 21 MiB");
 }
+
+#[test]
+fn a_big_failure_group_is_listed_under_8_mib() {
+    let server = Server::start();
+    let api = server.api();
+    let blob = "x".repeat(900 * 1024);
+    for _ in 0..12 {
+        api.create(json!({"name": "BigFail", "data": {"blob": blob}}));
+    }
+    for _ in 0..12 {
+        let job = api.take("BigFail");
+        let id = job["jobID"].as_i64().expect("jobID");
+        let (status, answer) =
+            api.post(&format!("/jobs/{id}/fail"), json!({"lease": job["lease"]}));
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, page) = api.get("/failures/failed?limit=1000");
+    assert_eq!(status, 200, "{page}");
+    let jobs = page["jobs"].as_array().expect("jobs");
+    let encoded = page.to_string().len();
+    assert!(encoded < 9 << 20, "a failure group page of {encoded} bytes");
+    assert!(!jobs.is_empty() && jobs.len() < 12, "{} jobs", jobs.len());
+    assert_eq!(page["truncated"], true);
+    // The twin: a page within the bound is whole and says nothing.
+    let (_, small) = api.get("/failures/failed?limit=2");
+    assert_eq!(small["jobs"].as_array().map(Vec::len), Some(2));
+    assert!(small.get("truncated").is_none(), "{}", small["truncated"]);
+}
