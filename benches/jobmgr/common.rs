@@ -80,6 +80,11 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra `jobmgr server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut command = Command::new(bin());
         command
@@ -92,6 +97,7 @@ impl ServerProcess {
             ])
             .args(["--metrics", "127.0.0.1:0", "--db"])
             .arg(dir.path().join("jobs.db"))
+            .args(extra)
             .env("JOBMGR_LOG", "warn");
         let (child, ready) = start_ready(command);
         ServerProcess {

@@ -7,9 +7,11 @@
 //! cores) and writes the report to `BENCHMARKS.md` (or the file named by
 //! `JOBMGR_BENCH_REPORT`). `JOBMGR_BENCH_SMOKE=1` runs a seconds-long
 //! version that only checks that everything still works; its figures mean
-//! nothing and are not written.
+//! nothing and are not written. `JOBMGR_BENCH_ONLY=http-limits` runs only
+//! the HTTP port's limits section and prints it.
 
 mod common;
+mod limits;
 mod server;
 mod supervisor;
 
@@ -74,6 +76,10 @@ fn main() {
     let smoke = std::env::var_os("JOBMGR_BENCH_SMOKE").is_some();
     let scale = if smoke { SMOKE } else { FULL };
     let started = std::time::Instant::now();
+    if std::env::var("JOBMGR_BENCH_ONLY").as_deref() == Ok("http-limits") {
+        println!("{}", limits::report(scale));
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -85,6 +91,7 @@ fn main() {
     report.push_str("- Everything runs on this machine: the release `jobmgr` binaries on fresh SQLite files in temporary directories (WAL, synchronous=FULL: every answered write is on disk), and the clients, over 127.0.0.1. Clients, servers, supervisors and workers share the cores.\n");
     report.push_str("- Spread: median (min–max) over repeated runs, each on fresh processes.\n\n");
     report.push_str(&runtime.block_on(server::report(scale)));
+    report.push_str(&limits::report(scale));
     report.push_str(&supervisor::report(scale));
     report.push_str(&format!(
         "\nThe whole run took {:.0} s.\n",

@@ -246,7 +246,13 @@ pub async fn report(scale: Scale) -> String {
 
     // 3. Idle waiters.
     out.push_str("\n## Idle waiting requests\n\n");
-    let server = ServerProcess::start();
+    // All waiters come from 127.0.0.1: lift the per-address cap (128).
+    let server = ServerProcess::start_with(&[
+        "--http-max-connections",
+        "4096",
+        "--http-max-connections-per-peer",
+        "4096",
+    ]);
     let waiters: Vec<_> = (0..scale.waiters)
         .map(|_| {
             let client = crate::common::async_client();

@@ -29,6 +29,9 @@ pub struct Connection {
     /// The file holding the server's token [default: token beside the default database (/var/lib/jobmgr/token as root), then, as root, /var/lib/jobmgr-server/token]
     #[arg(long, env = "JOBMGR_TOKEN_FILE", value_name = "PATH", global = true)]
     pub token_file: Option<std::path::PathBuf>,
+    /// Also trust this CA certificate (PEM) for an https:// server.
+    #[arg(long, env = "JOBMGR_CA_CERT", value_name = "PEM", global = true)]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Output format [default: text on a terminal, json when piped].
     #[arg(long, value_enum, global = true)]
     pub format: Option<Format>,
@@ -250,7 +253,12 @@ pub(super) fn client(connection: &Connection) -> Result<(HttpClient, Format), Cl
     )
     .map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((
-        HttpClient::new(&connection.server, token.token)?.with_hint(token.hint),
+        HttpClient::trusting(
+            &connection.server,
+            token.token,
+            connection.ca_cert.as_deref(),
+        )?
+        .with_hint(token.hint),
         Format::choose(connection.format),
     ))
 }
@@ -495,7 +503,11 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             match format {
                 Format::Json => print_value(&answer),
                 Format::Text => {
-                    print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+                    print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[]));
+                    // A page cut short to keep it small: say how to go on.
+                    if let Some(next) = answer["nextAfter"].as_i64() {
+                        eprintln!("more jobs follow: add --after {next}");
+                    }
                 }
             }
         }

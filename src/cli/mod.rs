@@ -54,7 +54,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the job server (SQLite store, HTTP API).
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Create, get, inspect and report on jobs of a running server.
     Job(JobArgs),
     /// Show a server's statistics per job name: jobs added, started, finished, failed and retried, wait, run and service times, and queue depth; or per supervisor (--workers): runs, busy time, capacity and utilisation.
@@ -124,7 +124,7 @@ async fn serve_metrics(
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Some(Command::Server(args)) => server::run(args).await,
+        Some(Command::Server(args)) => server::run(*args).await,
         Some(Command::Job(command)) => job::run(command).await,
         Some(Command::Stats(args)) => reports::stats(args).await,
         Some(Command::Failures(args)) => reports::failures(args).await,

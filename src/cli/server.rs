@@ -10,7 +10,7 @@ use crate::server::bedrock::{self, DEFAULT_BEDROCK_ADDR};
 use crate::server::http::BrowserPolicy;
 use crate::server::ledger::Retention;
 use crate::server::queue::QueueConfig;
-use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig};
+use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig, http};
 
 /// Options of `jobmgr server`.
 #[derive(Debug, Args)]
@@ -69,6 +69,40 @@ pub struct ServerArgs {
         value_delimiter = ','
     )]
     pub allowed_origins: Vec<String>,
+    /// HTTP-port connections served at once; more are answered 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// HTTP-port connections served at once from one IP address.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub http_max_connections_per_peer: usize,
+    /// An HTTP request's headers must arrive whole within this (of the connection, or of their first byte).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_positive_duration_ms)]
+    pub http_header_timeout: Duration,
+    /// An HTTP request's body must arrive whole within this of its headers.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration_ms)]
+    pub http_body_timeout: Duration,
+    /// An HTTP connection with no request in flight (a held /dequeue is in flight) is closed after this.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration_ms)]
+    pub http_idle_timeout: Duration,
+    /// Bytes of request bodies and listing pages the HTTP port holds at once, across all clients (e.g. 256MiB); a request past it is answered 503.
+    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    pub http_body_budget: usize,
+    /// Serve the HTTP port over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(
+        long,
+        env = "JOBMGR_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        env = "JOBMGR_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
     /// Lease of a hand-out whose requester names none (and whose job has no retryAfter).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub lease: Duration,
@@ -111,6 +145,40 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+fn parse_positive_duration_ms(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d >= Duration::from_millis(100) => Ok(d),
+        Ok(_) => Err("must be at least 100ms".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A byte count: a number with an optional unit (`B`, `KiB`, `MiB`, `GiB`).
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count such as 256MiB"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" | "k" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?}: use B, KiB, MiB or GiB")),
+    };
+    let bytes = number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes < 4 << 20 {
+        return Err("must be at least 4MiB".into());
+    }
+    Ok(bytes)
+}
+
 /// Runs the server until SIGINT or SIGTERM.
 pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     let lease_ms = i64::try_from(args.lease.as_millis())
@@ -146,10 +214,23 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
             request_timeout: args.bedrock_request_timeout,
             ..bedrock::Limits::default()
         },
+        http_limits: http::Limits {
+            max_connections: args.http_max_connections.max(1),
+            max_connections_per_peer: args.http_max_connections_per_peer.max(1),
+            header_timeout: args.http_header_timeout,
+            body_timeout: args.http_body_timeout,
+            idle_timeout: args.http_idle_timeout,
+            body_budget: args.http_body_budget,
+        },
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(http::TlsFiles { cert, key }),
+            _ => None,
+        },
         clock_file: args.clock_file,
         browser: BrowserPolicy::new(args.allowed_hosts, args.allowed_origins)
             .map_err(|e| CliError::Usage(e.to_string()))?,
     };
+    http::listen::raise_fd_limit();
     let signals = super::signals::Signals::register().map_err(server::ServerError::Serve)?;
     let http = server::bind(&args.http).await?;
     let local = http.local_addr().map_err(server::ServerError::Serve)?;
@@ -172,9 +253,10 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     };
     let metrics = super::serve_metrics(args.metrics, Some(config.token.clone())).await?;
     let started = server::Server::start(&config)?;
+    let scheme = if started.tls() { "https" } else { "http" };
     // One line on stdout when ready, for scripts and tests to wait on.
     println!(
-        "jobmgr server ready: http=http://{local} bedrock={bedrock_addr} db={}{metrics}",
+        "jobmgr server ready: http={scheme}://{local} bedrock={bedrock_addr} db={}{metrics}",
         config.db.display()
     );
     tracing::info!(http = %local, bedrock = %bedrock_addr, "job server listening");

@@ -32,6 +32,9 @@ pub struct SuperviseArgs {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// Also trust this CA certificate (PEM) for an https:// --server.
+    #[arg(long, env = "JOBMGR_CA_CERT", value_name = "PEM")]
+    pub ca_cert: Option<PathBuf>,
     /// The options.
     #[command(flatten)]
     pub options: SupervisorOptions,
@@ -79,6 +82,8 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 bedrock_trust_loopback: options.bedrock_trust_loopback.unwrap_or(false),
                 queue: QueueConfig::default(),
                 bedrock_limits: bedrock::Limits::default(),
+                http_limits: server::http::Limits::default(),
+                tls: None,
                 clock_file: None,
                 browser: crate::server::http::BrowserPolicy::new(
                     options.allowed_hosts.clone().unwrap_or_default(),
@@ -123,7 +128,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             let token = crate::auth::for_client(args.token.as_deref(), explicit, &defaults)
                 .map_err(server::ServerError::from)?;
             let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
-            let source = connect(url, token)?;
+            let source = connect(url, token, args.ca_cert.as_deref())?;
             println!(
                 "jobmgr supervisor ready: server={}{metrics}",
                 source.describe()
@@ -148,6 +153,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         let reload_args = SuperviseArgs {
             config: args.config.clone(),
             token: None,
+            ca_cert: None,
             options: args.options.clone(),
         };
         let reload_state = state_dir.clone();
@@ -207,11 +213,16 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
     outcome
 }
 
-/// A job source for a server URL, showing `token`.
-pub fn connect(url: &str, token: ClientToken) -> Result<Arc<dyn JobSource>, CliError> {
+/// A job source for a server URL, showing `token`, trusting `ca_cert` too
+/// for an `https://` one.
+pub fn connect(
+    url: &str,
+    token: ClientToken,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<Arc<dyn JobSource>, CliError> {
     if url.starts_with("http://") || url.starts_with("https://") {
         return Ok(Arc::new(
-            HttpSource::new(url, token.token)?.with_hint(token.hint),
+            HttpSource::trusting(url, token.token, ca_cert)?.with_hint(token.hint),
         ));
     }
     if let Some(addr) = url.strip_prefix("bedrock://") {
@@ -227,6 +238,6 @@ pub fn connect(url: &str, token: ClientToken) -> Result<Arc<dyn JobSource>, CliE
         return Ok(Arc::new(source));
     }
     Err(CliError::Usage(format!(
-        "bad --server {url:?}: expected http://HOST:PORT or bedrock://HOST:PORT"
+        "bad --server {url:?}: expected http://HOST:PORT, https://HOST:PORT or bedrock://HOST:PORT"
     )))
 }

@@ -31,8 +31,16 @@ pub enum ClientError {
         detail: String,
     },
     /// The server URL is not usable.
-    #[error("bad server URL {0:?}: expected http://HOST:PORT")]
+    #[error("bad server URL {0:?}: expected http://HOST:PORT or https://HOST:PORT")]
     BadUrl(String),
+    /// The CA certificate to trust could not be read.
+    #[error("cannot use the CA certificate {path}: {detail}; pass a PEM file to --ca-cert")]
+    CaCert {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        detail: String,
+    },
 }
 
 impl ClientError {
@@ -64,17 +72,45 @@ impl HttpClient {
     /// A client of the server at `base` (`http://127.0.0.1:8889`), sending
     /// `token` as a bearer token when given.
     pub fn new(base: &str, token: Option<ApiToken>) -> Result<Self, ClientError> {
+        Self::trusting(base, token, None)
+    }
+
+    /// A client of the server at `base` that also trusts the CA
+    /// certificate in the PEM file `ca_cert` (for `https://` URLs of a
+    /// server whose certificate a private CA signed).
+    pub fn trusting(
+        base: &str,
+        token: Option<ApiToken>,
+        ca_cert: Option<&std::path::Path>,
+    ) -> Result<Self, ClientError> {
         let base = base.trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) || base.len() < 8 {
             return Err(ClientError::BadUrl(base));
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| ClientError::Transport {
-                url: base.clone(),
-                detail: e.to_string(),
-            })?;
+            // Below the server's idle timeout (60 s by default), so that a
+            // pooled connection is not reused just as the server closes it.
+            .pool_idle_timeout(Duration::from_secs(30));
+        if let Some(path) = ca_cert {
+            let ca_error = |detail: String| ClientError::CaCert {
+                path: path.to_path_buf(),
+                detail,
+            };
+            let pem = std::fs::read(path).map_err(|e| ca_error(e.to_string()))?;
+            let certs =
+                reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| ca_error(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(ca_error("no CERTIFICATE block in it".into()));
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().map_err(|e| ClientError::Transport {
+            url: base.clone(),
+            detail: e.to_string(),
+        })?;
         Ok(HttpClient {
             base,
             token,

@@ -34,8 +34,18 @@ fn refused_field(error: &ClientError, field: &str) -> bool {
 impl HttpSource {
     /// A source at `url` (`http://HOST:PORT`), with an optional bearer token.
     pub fn new(url: &str, token: Option<crate::auth::ApiToken>) -> Result<Self, ClientError> {
+        Self::trusting(url, token, None)
+    }
+
+    /// A source at `url` that also trusts the CA certificate in the PEM
+    /// file `ca_cert` (for `https://` URLs).
+    pub fn trusting(
+        url: &str,
+        token: Option<crate::auth::ApiToken>,
+        ca_cert: Option<&std::path::Path>,
+    ) -> Result<Self, ClientError> {
         Ok(HttpSource {
-            client: HttpClient::new(url, token)?,
+            client: HttpClient::trusting(url, token, ca_cert)?,
             older_server: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -59,7 +69,7 @@ fn cannot_hand_back(error: &ClientError) -> bool {
 
 fn source_error(error: ClientError) -> SourceError {
     match error {
-        ClientError::Transport { .. } | ClientError::BadUrl(_) => {
+        ClientError::Transport { .. } | ClientError::BadUrl(_) | ClientError::CaCert { .. } => {
             SourceError::Unavailable(error.to_string())
         }
         ClientError::Api { ref code, .. } if code == "lease_lost" => SourceError::LeaseLost(0),

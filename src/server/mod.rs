@@ -40,6 +40,10 @@ pub struct ServerConfig {
     pub queue: QueueConfig,
     /// Bounds on Bedrock-port clients.
     pub bedrock_limits: bedrock::Limits,
+    /// Bounds on HTTP-port clients.
+    pub http_limits: http::Limits,
+    /// Serve the HTTP port over TLS with this certificate and key.
+    pub tls: Option<http::TlsFiles>,
     /// Read the time from this file instead of the system clock (for tests
     /// that script timings; see [`queue::FileClock`]).
     pub clock_file: Option<PathBuf>,
@@ -67,6 +71,9 @@ pub enum ServerError {
     /// Serving failed.
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
+    /// The TLS certificate or key could not be used.
+    #[error(transparent)]
+    Tls(#[from] http::listen::TlsError),
 }
 
 /// The default SQLite file: `$STATE_DIRECTORY/jobs.db` under systemd,
@@ -124,11 +131,23 @@ pub struct Server {
     token: ApiToken,
     bedrock_trust_loopback: bool,
     browser: http::BrowserPolicy,
+    http_limits: http::Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Server {
+    /// Whether the HTTP port speaks TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// Opens the store and starts the queue.
     pub fn start(config: &ServerConfig) -> Result<Self, ServerError> {
+        let tls = config
+            .tls
+            .as_ref()
+            .map(http::TlsFiles::acceptor)
+            .transpose()?;
         let store = Arc::new(SqliteStore::open(&config.db)?);
         let clock: Arc<dyn queue::Clock> = match &config.clock_file {
             Some(path) => {
@@ -146,6 +165,8 @@ impl Server {
             token: config.token.clone(),
             bedrock_trust_loopback: config.bedrock_trust_loopback,
             browser: config.browser.clone(),
+            http_limits: config.http_limits,
+            tls,
         })
     }
 
@@ -194,10 +215,31 @@ impl Server {
             queue.shutdown();
             signal.cancel();
         });
-        let result = axum::serve(listeners.http, app)
-            .with_graceful_shutdown(stop.clone().cancelled_owned())
-            .await
-            .map_err(ServerError::Serve);
+        if !local.ip().is_loopback() && self.tls.is_none() {
+            tracing::warn!(
+                http = %local,
+                "the HTTP port listens beyond loopback without TLS: tokens and job data cross the \
+                 network in clear; pass --tls-cert and --tls-key"
+            );
+        }
+        let limits = self.http_limits;
+        tracing::info!(
+            max_connections = limits.max_connections,
+            per_peer = limits.max_connections_per_peer,
+            body_budget_mib = limits.body_budget >> 20,
+            memory_bound_mib = limits.memory_bound() >> 20,
+            tls = self.tls.is_some(),
+            "HTTP port limits"
+        );
+        http::listen::serve(
+            listeners.http,
+            app,
+            self.http_limits,
+            self.tls.clone(),
+            stop.clone(),
+        )
+        .await;
+        let result = Ok(());
         stop.cancel();
         self.queue.shutdown();
         if let Some(bedrock) = bedrock {

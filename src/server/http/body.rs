@@ -7,6 +7,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+use super::listen::BodyError;
 
 /// The largest body of a request about one job.
 pub const MAX_BODY: usize = 2 * 1024 * 1024;
@@ -41,11 +42,39 @@ fn is_length_limit(error: &axum::Error) -> bool {
     false
 }
 
+/// The answer to a body the HTTP port's bounds stopped (see
+/// [`super::listen`]), if that is why it could not be read.
+fn bound_error(error: &axum::Error) -> Option<ApiError> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(bound) = current.downcast_ref::<BodyError>() {
+            return match bound {
+                BodyError::TooLarge { limit } => Some(too_large(*limit)),
+                BodyError::OverBudget => Some(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_busy",
+                    bound.to_string(),
+                )),
+                BodyError::TimedOut(_) => Some(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    bound.to_string(),
+                )),
+                BodyError::Read(_) => None,
+            };
+        }
+        source = current.source();
+    }
+    None
+}
+
 async fn read_json<T: DeserializeOwned>(req: Request, limit: usize) -> Result<T, ApiError> {
     let bytes = axum::body::to_bytes(req.into_body(), limit)
         .await
         .map_err(|error| {
-            if is_length_limit(&error) {
+            if let Some(answer) = bound_error(&error) {
+                answer
+            } else if is_length_limit(&error) {
                 too_large(limit)
             } else {
                 ApiError::bad_request(format!("request body could not be read: {error}"))

@@ -6,6 +6,7 @@
 mod body;
 pub mod browser;
 mod error;
+pub mod listen;
 mod reports;
 mod requests;
 mod routes;
@@ -19,6 +20,7 @@ use axum::routing::{get, post};
 
 pub use browser::BrowserPolicy;
 pub use error::ApiError;
+pub use listen::{Limits, TlsFiles};
 pub use requests::{MAX_LEASE_MS, MIN_LEASE_MS};
 
 use crate::auth::ApiToken;

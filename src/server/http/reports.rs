@@ -149,13 +149,16 @@ pub async fn failure_group(
 ) -> Answer {
     let name = group(name)?;
     let limit = params.limit.unwrap_or(100).clamp(1, MAX_BULK);
-    let jobs: Vec<Value> = queue
-        .failed_jobs(name.clone(), limit)
-        .await?
-        .iter()
-        .map(|j| Value::Object(query_json(j)))
-        .collect();
-    Ok(Json(json!({"group": name, "jobs": jobs})))
+    let (jobs, truncated) = queue
+        .failed_jobs(name.clone(), limit, super::listen::MAX_PAGE_BYTES)
+        .await?;
+    let jobs: Vec<Value> = jobs.iter().map(|j| Value::Object(query_json(j))).collect();
+    let mut answer = json!({"group": name, "jobs": jobs});
+    if truncated {
+        // Fewer jobs than asked, to keep the answer under 8 MiB of data.
+        answer["truncated"] = json!(true);
+    }
+    Ok(Json(answer))
 }
 
 /// Body of the bulk actions on a failure group.

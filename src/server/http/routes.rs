@@ -140,14 +140,23 @@ pub async fn list(State(queue): State<Queue>, Params(params): Params<ListParams>
         state,
         after_id: params.after,
         limit: params.limit.unwrap_or(100).clamp(1, 1000),
+        max_bytes: super::listen::MAX_PAGE_BYTES,
     };
-    let jobs: Vec<Value> = queue
-        .list(query)
-        .await?
+    let page = queue.list(query).await?;
+    let mut answer = Map::new();
+    if page.cut {
+        // Fewer jobs than asked, to keep the answer small: go on from here.
+        if let Some(last) = page.jobs.last() {
+            answer.insert("nextAfter".into(), json!(last.id));
+        }
+    }
+    let jobs: Vec<Value> = page
+        .jobs
         .iter()
         .map(|j| Value::Object(query_json(j)))
         .collect();
-    Ok(Json(json!({"jobs": jobs})))
+    answer.insert("jobs".into(), Value::Array(jobs));
+    Ok(Json(Value::Object(answer)))
 }
 
 /// `GET /jobs/{id}`: QueryJob.

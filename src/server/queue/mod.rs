@@ -436,7 +436,7 @@ impl Queue {
     }
 
     /// Lists jobs in id order.
-    pub async fn list(&self, query: ListQuery) -> Result<Vec<Job>, JobError> {
+    pub async fn list(&self, query: ListQuery) -> Result<crate::server::store::Page, JobError> {
         self.read(move |tx| tx.list(&query)).await
     }
 

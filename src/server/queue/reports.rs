@@ -389,14 +389,28 @@ impl Queue {
     }
 
     /// Up to `limit` FAILED jobs of a group, earliest failure first.
-    pub async fn failed_jobs(&self, group: String, limit: usize) -> Result<Vec<Job>, JobError> {
+    /// At most about `max_bytes` of names and data (at least one job);
+    /// the flag says whether jobs were left out for that.
+    pub async fn failed_jobs(
+        &self,
+        group: String,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<Job>, bool), JobError> {
         self.read(move |tx| {
             let ids = tx.ledger().failed_in_group(&group, limit)?;
-            let mut jobs = Vec::with_capacity(ids.len());
+            let mut jobs = Vec::with_capacity(ids.len().min(1024));
+            let mut bytes = 0usize;
             for id in ids {
-                jobs.extend(tx.get(id)?);
+                let Some(job) = tx.get(id)? else { continue };
+                bytes += job.name.len()
+                    + serde_json::to_vec(&job.data).map_or(0, |encoded| encoded.len());
+                if bytes > max_bytes && !jobs.is_empty() {
+                    return Ok((jobs, true));
+                }
+                jobs.push(job);
             }
-            Ok(jobs)
+            Ok((jobs, false))
         })
         .await
     }

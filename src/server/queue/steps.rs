@@ -47,11 +47,15 @@ pub(super) fn make_up_for_step(
 fn extend_leases_by(tx: &mut Tracked, step_ms: i64) -> Result<usize, JobError> {
     let mut held = tx.store().expired_leases(Timestamp(i64::MAX), usize::MAX)?;
     // RUNQUEUED jobs are few; a step is rare.
-    held.extend(tx.store().list(&ListQuery {
-        state: Some(JobState::Runqueued),
-        limit: usize::MAX,
-        ..ListQuery::default()
-    })?);
+    held.extend(
+        tx.store()
+            .list(&ListQuery {
+                state: Some(JobState::Runqueued),
+                limit: usize::MAX,
+                ..ListQuery::default()
+            })?
+            .jobs,
+    );
     let mut extended = 0;
     for mut job in held {
         let Some(lease) = job.lease.as_mut() else {

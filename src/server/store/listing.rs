@@ -164,25 +164,28 @@ mod tests {
         }
         let names =
             |jobs: Vec<crate::protocol::Job>| jobs.into_iter().map(|j| j.name).collect::<Vec<_>>();
-        assert_eq!(names(queue.list(glob("Send")).await.unwrap()), ["Send"]);
         assert_eq!(
-            names(queue.list(glob("Send*")).await.unwrap()),
+            names(queue.list(glob("Send")).await.unwrap().jobs),
+            ["Send"]
+        );
+        assert_eq!(
+            names(queue.list(glob("Send*")).await.unwrap().jobs),
             ["Send", "SendEmail", "SendFax", "Send\u{10FFFF}x"]
         );
         assert_eq!(
-            names(queue.list(glob("Send?ma*")).await.unwrap()),
+            names(queue.list(glob("Send?ma*")).await.unwrap().jobs),
             ["SendEmail"]
         );
         assert_eq!(
-            names(queue.list(glob("*Send")).await.unwrap()),
+            names(queue.list(glob("*Send")).await.unwrap().jobs),
             ["Send", "x/Send"]
         );
-        assert!(queue.list(glob("Nothing*")).await.unwrap().is_empty());
+        assert!(queue.list(glob("Nothing*")).await.unwrap().jobs.is_empty());
         let mut paged = glob("Send*");
         paged.limit = 2;
         paged.after_id = Some(1);
         assert_eq!(
-            names(queue.list(paged).await.unwrap()),
+            names(queue.list(paged).await.unwrap().jobs),
             ["SendEmail", "SendFax"]
         );
         queue.shutdown();

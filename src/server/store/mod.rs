@@ -38,6 +38,19 @@ pub struct ListQuery {
     pub after_id: Option<JobId>,
     /// At most this many.
     pub limit: usize,
+    /// At most about this many bytes of names and data (0: no bound); a
+    /// page always holds at least one job.
+    pub max_bytes: usize,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The jobs, in id order.
+    pub jobs: Vec<Job>,
+    /// Whether the page stopped at [`ListQuery::max_bytes`] before its
+    /// limit, with more jobs after it.
+    pub cut: bool,
 }
 
 /// Row-level access to stored jobs inside one transaction.
@@ -91,7 +104,7 @@ pub trait StoreTx {
     /// running job's lease lapses (which may be already past).
     fn next_wakeup(&mut self, now: Timestamp) -> Result<Option<Timestamp>, JobError>;
     /// Jobs in id order.
-    fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError>;
+    fn list(&mut self, query: &ListQuery) -> Result<Page, JobError>;
     /// How many jobs are in each state.
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError>;
     /// The ledger, in the same transaction.

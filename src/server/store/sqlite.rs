@@ -409,7 +409,7 @@ impl StoreTx for FailingTx {
     fn next_wakeup(&mut self, _: Timestamp) -> Result<Option<Timestamp>, JobError> {
         Err(self.0.clone())
     }
-    fn list(&mut self, _: &ListQuery) -> Result<Vec<Job>, JobError> {
+    fn list(&mut self, _: &ListQuery) -> Result<super::Page, JobError> {
         Err(self.0.clone())
     }
     fn idempotent_answer(
@@ -732,9 +732,31 @@ impl StoreTx for SqliteTx<'_> {
         Ok(next.map(Timestamp))
     }
 
-    fn list(&mut self, query: &ListQuery) -> Result<Vec<Job>, JobError> {
+    fn list(&mut self, query: &ListQuery) -> Result<super::Page, JobError> {
         let (sql, params) = super::listing::list_sql(COLUMNS, query);
-        self.query_jobs(&sql, rusqlite::params_from_iter(params))
+        let mut statement = self.conn.prepare_cached(&sql).map_err(store_error)?;
+        let mut rows = statement
+            .query(rusqlite::params_from_iter(params))
+            .map_err(store_error)?;
+        let mut page = super::Page::default();
+        let mut bytes = 0usize;
+        while let Some(row) = rows.next().map_err(store_error)? {
+            // The name's and data's stored length, before they are read.
+            let size: usize = [1, 3]
+                .iter()
+                .map(|&i| {
+                    row.get_ref(i)
+                        .map_or(0, |v| v.as_bytes().map_or(0, <[u8]>::len))
+                })
+                .sum();
+            bytes += size;
+            if query.max_bytes > 0 && bytes > query.max_bytes && !page.jobs.is_empty() {
+                page.cut = true;
+                break;
+            }
+            page.jobs.push(read_job(row).map_err(store_error)?);
+        }
+        Ok(page)
     }
 
     fn idempotent_answer(

@@ -294,7 +294,11 @@ impl Server {
 
     /// The `host:port` the server listens on.
     pub fn addr(&self) -> String {
-        self.url.trim_start_matches("http://").to_string()
+        let url = self.url.as_str();
+        url.strip_prefix("https://")
+            .or_else(|| url.strip_prefix("http://"))
+            .unwrap_or(url)
+            .to_string()
     }
 
     /// The server's token file (beside its SQLite file).
@@ -354,6 +358,22 @@ impl Api {
     pub fn new(base: &str) -> Api {
         let client = reqwest::blocking::Client::builder()
             .timeout(Duration::from_secs(120))
+            .build()
+            .expect("client");
+        Api {
+            base: base.to_string(),
+            client,
+            token: Some(token().to_string()),
+        }
+    }
+
+    /// A caller of an `https://` `base` that trusts the CA certificate
+    /// `ca_pem`.
+    pub fn trusting(base: &str, ca_pem: &[u8]) -> Api {
+        let ca = reqwest::Certificate::from_pem(ca_pem).expect("CA certificate");
+        let client = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .add_root_certificate(ca)
             .build()
             .expect("client");
         Api {

@@ -1,0 +1,430 @@
+//! The HTTP port's accept loop (hyper, HTTP/1.1, optionally under TLS) with
+//! its limits: connections in all and per peer address, a deadline for each
+//! request's head and body, an idle timeout, per-request body limits and one
+//! byte budget for request bodies and listing pages across the server.
+//!
+//! Shutdown: the loop stops accepting when told to, every connection is
+//! asked to finish its in-flight requests and close, and [`serve`] returns
+//! once they have (held long-polls are answered by the queue's shutdown).
+
+mod activity;
+mod budget;
+mod tls;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::{Method, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+pub use activity::Expiry;
+pub use budget::{BodyError, FREE_BODY};
+pub use tls::{TlsError, TlsFiles};
+
+use super::ApiError;
+use super::body::{MAX_BATCH_BODY, MAX_BODY};
+use activity::{Activity, Watched};
+use budget::{Bounded, Holding, kib_beyond_free};
+
+/// The most bytes of job data one listing page holds; a page that would
+/// hold more stops early and says where to continue.
+pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// What a listing request holds of the budget while its page is built and
+/// sent: the rows, their JSON values and the encoded page.
+pub const PAGE_RESERVE: usize = 3 * MAX_PAGE_BYTES;
+
+/// The bytes hyper buffers per connection for reading (and, separately,
+/// for writing).
+pub const CONNECTION_BUFFER: usize = 64 * 1024;
+
+/// Limits of the HTTP port.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Connections served at once from one IP address.
+    pub max_connections_per_peer: usize,
+    /// A request's head must arrive whole within this of its first byte
+    /// (of the connection's accept, for the first request).
+    pub header_timeout: Duration,
+    /// A request's body must arrive whole within this of its head.
+    pub body_timeout: Duration,
+    /// A connection with no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// Bytes of request bodies (beyond [`FREE_BODY`] each) and listing
+    /// pages held at once across the server.
+    pub body_budget: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 1024,
+            max_connections_per_peer: 128,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            body_budget: 256 * 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// The most memory the port holds for clients by these limits: the
+    /// shared budget, plus per connection its buffers and free body bytes.
+    pub fn memory_bound(&self) -> usize {
+        self.body_budget + self.max_connections * (2 * CONNECTION_BUFFER + FREE_BODY)
+    }
+}
+
+/// Connections open, in all and per peer address.
+struct Caps {
+    total: Arc<Semaphore>,
+    per_peer: Mutex<HashMap<IpAddr, usize>>,
+    per_peer_max: usize,
+}
+
+/// One admitted connection; dropping it frees its place.
+struct Slot {
+    caps: Arc<Caps>,
+    ip: IpAddr,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Caps {
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, &'static str> {
+        let permit = Arc::clone(&self.total)
+            .try_acquire_owned()
+            .map_err(|_| "too many connections")?;
+        let mut per_peer = self.per_peer.lock().unwrap_or_else(|e| e.into_inner());
+        let count = per_peer.entry(ip).or_insert(0);
+        if *count >= self.per_peer_max {
+            return Err("too many connections from this address");
+        }
+        *count += 1;
+        Ok(Slot {
+            caps: Arc::clone(self),
+            ip,
+            _permit: permit,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut per_peer = self.caps.per_peer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = per_peer.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                per_peer.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// What every request of the port shares.
+struct Shared {
+    router: Router,
+    limits: Limits,
+    budget: Arc<Semaphore>,
+}
+
+/// Serves `router` on `listener` (under TLS with `tls`) within `limits`
+/// until `stop` is cancelled, then finishes in-flight requests.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+    stop: CancellationToken,
+) {
+    let caps = Arc::new(Caps {
+        total: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+        per_peer: Mutex::new(HashMap::new()),
+        per_peer_max: limits.max_connections_per_peer.max(1),
+    });
+    // The budget counts KiB so that it fits a semaphore's permit count.
+    let shared = Arc::new(Shared {
+        router,
+        limits,
+        budget: Arc::new(Semaphore::new(limits.body_budget / 1024)),
+    });
+    let open = TaskTracker::new();
+    let mut refusals = Refusals::default();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.cancelled() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!(%error, "HTTP port: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let slot = match caps.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                refusals.note(peer, why);
+                refuse(&stream, why);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let tls = tls.clone();
+        let stop = stop.clone();
+        open.spawn(async move {
+            let activity = Activity::new();
+            let watched = Watched::new(stream, Arc::clone(&activity));
+            match tls {
+                None => connection(watched, peer, activity, shared, stop).await,
+                Some(acceptor) => {
+                    let header = shared.limits.header_timeout;
+                    match tokio::time::timeout(header, acceptor.accept(watched)).await {
+                        Ok(Ok(stream)) => connection(stream, peer, activity, shared, stop).await,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%peer, %error, "HTTP port: TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!(%peer, "HTTP port: TLS handshake too slow"),
+                    }
+                }
+            }
+            drop(slot);
+        });
+    }
+    open.close();
+    open.wait().await;
+}
+
+/// Refused connections, logged at most once per [`Refusals::EVERY`] so
+/// that a flood does not flood the log too.
+#[derive(Default)]
+struct Refusals {
+    since_logged: u64,
+    logged: Option<tokio::time::Instant>,
+}
+
+impl Refusals {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn note(&mut self, peer: SocketAddr, why: &str) {
+        self.since_logged += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .logged
+            .is_none_or(|at| now.duration_since(at) >= Self::EVERY)
+        {
+            tracing::warn!(
+                %peer,
+                refused = self.since_logged,
+                "HTTP port: {why}; refusing connections (see --http-max-connections, \
+                 --http-max-connections-per-peer)"
+            );
+            self.since_logged = 0;
+            self.logged = Some(now);
+        }
+    }
+}
+
+/// Answers a connection over the caps with 503, without waiting for the
+/// peer, and closes it.
+fn refuse(stream: &TcpStream, why: &str) {
+    let body = serde_json::json!({
+        "code": "too_many_connections",
+        "message": format!("{why}; retry later, or open fewer connections"),
+    })
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.try_write(answer.as_bytes());
+}
+
+/// Serves one connection until it closes, its clock expires, or the server
+/// stops (then gracefully).
+async fn connection<S>(
+    io: S,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = {
+        let activity = Arc::clone(&activity);
+        let shared = Arc::clone(&shared);
+        hyper::service::service_fn(move |request: Request<Incoming>| {
+            let busy = activity.begin();
+            let shared = Arc::clone(&shared);
+            async move {
+                let response = handle(&shared, request, peer).await;
+                drop(busy);
+                Ok::<_, Infallible>(response)
+            }
+        })
+    };
+    let connection = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .max_buf_size(CONNECTION_BUFFER)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let limits = shared.limits;
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            biased;
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "HTTP connection ended");
+                }
+                return;
+            }
+            _ = stop.cancelled(), if !stopping => {
+                connection.as_mut().graceful_shutdown();
+                stopping = true;
+            }
+            why = activity.expired(limits.header_timeout, limits.idle_timeout) => {
+                match why {
+                    Expiry::HeadLate => {
+                        tracing::debug!(%peer, "HTTP port: request head too slow; closing");
+                    }
+                    Expiry::Idle => tracing::debug!(%peer, "HTTP port: idle; closing"),
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// The body limit of a request to `path`.
+fn body_limit(path: &str) -> usize {
+    if path == "/jobs/batch" {
+        MAX_BATCH_BODY
+    } else {
+        MAX_BODY
+    }
+}
+
+/// Whether a request builds a listing page of up to [`MAX_PAGE_BYTES`] of
+/// job data.
+fn builds_page(method: &Method, path: &str) -> bool {
+    method == Method::GET && (path == "/jobs" || path.starts_with("/failures/"))
+}
+
+fn busy() -> Response {
+    let mut response = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_busy",
+        BodyError::OverBudget.to_string(),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    response
+}
+
+/// Marks an answer as the connection's last (its request's body was not
+/// read to the end), so that the client does not send another on it.
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+/// One request: refused at once when its declared body is over its limit
+/// or the budget, else passed to the router with its body bounded.
+async fn handle(shared: &Shared, request: Request<Incoming>, peer: SocketAddr) -> Response {
+    let limit = body_limit(request.uri().path());
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|declared| declared > limit as u64) {
+        return closing(
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                BodyError::TooLarge { limit }.to_string(),
+            )
+            .into_response(),
+        );
+    }
+    let holding = Holding::default();
+    let mut reserve = kib_beyond_free(declared.unwrap_or(0) as usize);
+    if builds_page(request.method(), request.uri().path()) {
+        reserve += PAGE_RESERVE / 1024;
+    }
+    if !holding.take(&shared.budget, reserve) {
+        return closing(busy());
+    }
+    let (mut parts, body) = request.into_parts();
+    parts.extensions.insert(ConnectInfo(peer));
+    let body = Bounded::new(
+        body,
+        limit,
+        shared.limits.body_timeout,
+        Arc::clone(&shared.budget),
+        holding.clone(),
+    );
+    let complete = body.complete();
+    let request = Request::from_parts(parts, axum::body::Body::new(body));
+    let response = match shared.router.clone().oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    };
+    // A body left unread cannot be skipped to reach the next request.
+    let response = if complete.load(std::sync::atomic::Ordering::Acquire) {
+        response
+    } else {
+        closing(response)
+    };
+    // The budget is given back once the answer has been sent.
+    response.map(|body| axum::body::Body::new(budget::Held::new(body, holding)))
+}
+
+/// Raises the soft limit on open files to the hard limit, so that the
+/// connection caps, not the descriptor table, bound the server. Returns the
+/// limit in force.
+pub fn raise_fd_limit() -> Option<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft >= hard {
+        return Some(soft);
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => {
+            tracing::info!(from = soft, to = hard, "raised the open-file limit");
+            Some(hard)
+        }
+        Err(error) => {
+            tracing::warn!(%error, soft, hard, "cannot raise the open-file limit");
+            Some(soft)
+        }
+    }
+}
