@@ -19,6 +19,7 @@ mod harness;
 mod hostile;
 mod hostile_workers;
 mod idempotency;
+mod job_uids;
 mod leases;
 mod ledger;
 mod lifecycle;
