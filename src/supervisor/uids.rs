@@ -77,10 +77,10 @@ impl UidRange {
         if range.first > range.last {
             return Err(bad());
         }
-        if range.len() > MAX_RANGE {
+        if range.count() > MAX_RANGE {
             return Err(format!(
                 "worker-uids {text:?} holds {} uids; at most {MAX_RANGE} may be used",
-                range.len()
+                range.count()
             ));
         }
         for (uid, what) in [
@@ -104,7 +104,7 @@ impl UidRange {
     }
 
     /// How many uids it holds.
-    pub fn len(&self) -> u64 {
+    pub fn count(&self) -> u64 {
         u64::from(self.last) - u64::from(self.first) + 1
     }
 
@@ -226,7 +226,7 @@ impl UidPool {
     /// sharing the range rarely try the same. Blocking: locks files and
     /// reads `/proc`.
     pub fn try_claim(&self) -> io::Result<Result<ClaimedUid, Shortage>> {
-        let size = self.range.len();
+        let size = self.range.count();
         let start = rand::random_range(0..size);
         let mut shortage = Shortage {
             held: 0,
@@ -476,7 +476,7 @@ mod tests {
                 last: 61183
             }
         );
-        assert_eq!(UidRange::parse(" 70000 ").unwrap().len(), 1);
+        assert_eq!(UidRange::parse(" 70000 ").unwrap().count(), 1);
         assert_eq!(
             UidRange::parse("70000-70009").unwrap().to_string(),
             "70000-70009"
