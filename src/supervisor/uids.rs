@@ -274,7 +274,8 @@ impl UidPool {
 }
 
 /// Makes the claims directory (mode 0700, its parent 0755) and checks that
-/// nobody else could tamper with either.
+/// nobody else could tamper with it: both must be the supervisor's user's,
+/// neither writable by everyone, the claims directory by no one else.
 fn prepare_lock_dir(dir: &Path) -> Result<(), String> {
     let fail = |what: String| format!("uid claims directory {}: {what}", dir.display());
     if let Some(parent) = dir.parent() {
@@ -290,12 +291,15 @@ fn prepare_lock_dir(dir: &Path) -> Result<(), String> {
         Err(e) => return Err(fail(format!("cannot create it: {e}"))),
     }
     let me = nix::unistd::geteuid().as_raw();
-    for path in dir.parent().into_iter().chain([dir]) {
+    // The parent may be shared with a group (a socket beside it, say), but
+    // the claims themselves are the supervisor's user's alone.
+    let parent = dir.parent().map(|p| (p, 0o002));
+    for (path, others) in parent.into_iter().chain([(dir, 0o022)]) {
         let metadata = std::fs::symlink_metadata(path).map_err(|e| fail(e.to_string()))?;
         if !metadata.is_dir() {
             return Err(fail(format!("{} is not a directory", path.display())));
         }
-        if metadata.uid() != me || metadata.mode() & 0o022 != 0 {
+        if metadata.uid() != me || metadata.mode() & others != 0 {
             return Err(fail(format!(
                 "{} could be changed by another user; it must belong to the supervisor's user and be writable by nobody else",
                 path.display()

@@ -72,7 +72,8 @@ chmod 644 "$OUT/victim.tmp"
 mv "$OUT/victim.tmp" "$OUT/victim"
 wait_for "$OUT/probed"
 cat > /dev/null
-id -u > "$OUT/victim-done""#
+id -u > "$OUT/victim-done.tmp"
+mv "$OUT/victim-done.tmp" "$OUT/victim-done""#
     ))
 }
 
