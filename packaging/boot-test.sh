@@ -45,7 +45,7 @@ install -d -m 0755 /srv/jobmgr/workers /srv/jobmgr/batch
 cat >/srv/jobmgr/workers/Whoami <<'SH'
 #!/bin/sh
 cat >/dev/null
-echo "{\"user\":\"$(id -un)\",\"cgroup\":\"$(cut -d: -f3 /proc/self/cgroup | tail -1)\"}"
+echo "{\"uid\":$(id -u),\"groups\":\"$(id -G)\",\"cgroup\":\"$(cut -d: -f3 /proc/self/cgroup | tail -1)\"}"
 SH
 cat >/srv/jobmgr/workers/Nap <<'SH'
 #!/bin/sh
@@ -80,9 +80,11 @@ systemctl enable --now jobmgr || fail "jobmgr did not start"
 ok "jobmgr is active (notify)"
 
 id=$(create Whoami) || fail "cannot create a job"
-wait_for "$id" '"user":'
-query "$id" | grep -q '"user":"jobmgr"' || fail "the worker did not run as jobmgr: $(query "$id")"
-ok "a job ran as the jobmgr user, in $(query "$id" | grep -o '"cgroup":"[^"]*"')"
+wait_for "$id" '"uid":'
+uid=$(query "$id" | grep -o '"uid":[0-9]*' | cut -d: -f2)
+[ "$uid" -ge 60706 ] && [ "$uid" -le 61183 ] || fail "the worker did not run under a uid of its own from worker-uids: $(query "$id")"
+query "$id" | grep -q "\"groups\":\"$uid\"" || fail "the worker's groups are not its own gid alone: $(query "$id")"
+ok "a job ran under uid $uid of its own, in $(query "$id" | grep -o '"cgroup":"[^"]*"')"
 
 # A restart drains: the running job finishes; it is not killed.
 id=$(create Nap)
@@ -105,7 +107,7 @@ max-load = 100.0
 TOML
 systemctl start jobmgr@batch || fail "jobmgr@batch did not start"
 id=$(create batch/Whoami)
-wait_for "$id" '"user":"jobmgr"'
+wait_for "$id" '"uid":'
 [ -f /var/lib/jobmgr/batch/status.json ] || fail "jobmgr@batch keeps no state in /var/lib/jobmgr/batch"
 ok "jobmgr@batch ran batch/Whoami with its state in /var/lib/jobmgr/batch"
 

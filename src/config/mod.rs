@@ -153,9 +153,12 @@ pub struct SupervisorOptions {
         value_delimiter = ','
     )]
     pub allowed_origins: Option<Vec<String>>,
-    /// When running as root: the user workers run as [default: jobmgr, else nobody]; "root" must be said explicitly; "self" means the supervisor's own user
+    /// When running as root: the one user every worker runs as [default: a uid of each job's own, from --worker-uids]; "root" must be said explicitly; "self" means the supervisor's own user; "dynamic" the default
     #[arg(long, value_name = "USER", env = "JOBMGR_USER")]
     pub user: Option<String>,
+    /// When running as root without --user: the uids jobs run under, one of its own per running job, shared by every supervisor on the host [default: 60706-61183]
+    #[arg(long, value_name = "FIRST-LAST", env = "JOBMGR_WORKER_UIDS")]
+    pub worker_uids: Option<String>,
     /// The group workers run as [default: the user's]
     #[arg(long, value_name = "GROUP", env = "JOBMGR_GROUP")]
     pub group: Option<String>,
@@ -418,6 +421,7 @@ impl SupervisorOptions {
             allowed_origins,
             metrics,
             user,
+            worker_uids,
             group,
             umask,
             limit_as,

@@ -16,6 +16,7 @@ use super::report::{self, DETAILS_KEY, Decision, JobFacts, NotRun};
 use super::scratch::JobScratch;
 use super::settings::JobSettings;
 use super::spool::Spooled;
+use super::uids;
 use super::worker_path::WorkerPath;
 use super::{Generation, Shared};
 use crate::client::{LeasedJob, Report, SourceError};
@@ -168,6 +169,36 @@ impl JobTask {
             .map_err(|e| NotRun::NoWorker(e.to_string()))?
             .resolve(&self.job.name)
             .map_err(|e| NotRun::NoWorker(e.to_string()))?;
+        // A uid of the job's own, where jobs get one: wait for a free one.
+        let claimed = match sandbox.uids() {
+            Some(pool) => match uids::claim(pool, &worker_stop).await {
+                Ok(Some(claimed)) => Some(claimed),
+                Ok(None) => {
+                    return Ok((
+                        if lease_lost.load(Ordering::SeqCst) {
+                            Decision {
+                                report: None,
+                                summary: "the lease was lost while waiting for a uid".into(),
+                            }
+                        } else {
+                            Decision {
+                                report: Some(Report::Retry {
+                                    delay_secs: 0,
+                                    ignore_repeat: true,
+                                    data: None,
+                                }),
+                                summary: "stopped by shutdown while waiting for a uid; handed back"
+                                    .into(),
+                            }
+                        },
+                        None,
+                    ));
+                }
+                Err(e) => return Err(not_started(&e, "cannot claim a uid for the job")),
+            },
+            None => None,
+        };
+        let credentials = sandbox.credentials(claimed.as_ref());
         let scratch = JobScratch::create(&settings.scratch_dir, self.job.id).map_err(|e| {
             not_started(
                 &e,
@@ -177,12 +208,12 @@ impl JobTask {
                 ),
             )
         })?;
-        let owner = sandbox.credentials().map(|c| (c.uid, c.gid));
+        let owner = credentials.as_ref().map(|c| (c.uid, c.gid));
         super::sandbox::hand_over(scratch.path(), owner).map_err(|e| {
             not_started(&e, "cannot give the scratch directory to the worker's user")
         })?;
         let mut job_sandbox = sandbox
-            .job(self.job.id, scratch.path())
+            .job(self.job.id, scratch.path(), credentials)
             .map_err(|e| not_started(&e, "cannot prepare the job's sandbox"))?;
         let mut stdin_object = self.job.handout.clone();
         stdin_object.remove("lease");
@@ -232,6 +263,22 @@ impl JobTask {
         // Removing cgroups waits for their processes to go: not on the async
         // threads.
         let _ = tokio::task::spawn_blocking(move || drop(job_sandbox)).await;
+        // Nothing of the job's uid outlives it; only then may another job
+        // have the uid.
+        if let Some(claimed) = claimed {
+            let uid = claimed.uid();
+            let launcher = self.shared.launcher.clone();
+            let left = tokio::task::spawn_blocking(move || claimed.release(&launcher))
+                .await
+                .unwrap_or_default();
+            if !left.is_empty() {
+                tracing::warn!(
+                    uid,
+                    pids = ?left,
+                    "processes of the job's uid outlived it and could not be killed; no job gets this uid until they are gone"
+                );
+            }
+        }
         watchers.cancel();
         let _ = heartbeat.await;
         // The report starts from the latest data the worker reported, not

@@ -92,6 +92,52 @@ impl Launcher {
             .map_err(|_| std::io::Error::other("the launcher thread is gone"))?
     }
 
+    /// Kills every process of `uid` (never root's): a helper forked here
+    /// becomes that uid, drops every capability and sends SIGKILL to every
+    /// process it may signal (`kill(-1)`, which the kernel does atomically
+    /// with respect to forks). While it lives it is counted as a worker, so
+    /// that the orphan reaper leaves it to this wait. Blocking.
+    pub fn kill_uid(&self, uid: u32) -> std::io::Result<()> {
+        if uid == 0 {
+            return Err(std::io::Error::other(
+                "refusing to kill every process of root",
+            ));
+        }
+        let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the child makes only system calls and ends itself.
+        let pid = match unsafe { libc::fork() } {
+            -1 => return Err(std::io::Error::last_os_error()),
+            0 => unsafe { super::uids::kill_every_process_as(uid) },
+            pid => pid,
+        };
+        workers.insert(pid);
+        drop(workers);
+        let mut status = 0;
+        let waited = loop {
+            // SAFETY: waits on the helper, a child of ours.
+            let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if waited == -1
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+            {
+                continue;
+            }
+            break waited;
+        };
+        self.workers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pid);
+        if waited != pid {
+            return Err(std::io::Error::last_os_error());
+        }
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            return Err(std::io::Error::other(format!(
+                "the helper that kills the processes of uid {uid} could not become that uid (wait status {status})"
+            )));
+        }
+        Ok(())
+    }
+
     /// Forgets a worker the runtime has reaped.
     pub fn reaped(&self, pid: u32) {
         self.workers

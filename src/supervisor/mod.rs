@@ -20,6 +20,7 @@ pub mod scratch;
 pub mod settings;
 pub mod spool;
 pub mod status;
+pub mod uids;
 pub mod worker_path;
 
 mod job;
@@ -189,6 +190,16 @@ impl Generation {
             }
             let sandbox = sandbox::Sandbox::prepare(&job.sandbox, cgroups)
                 .map_err(|e| format!("cannot set up the worker sandbox: {e}"))?;
+            if let Some(pool) = sandbox.uids() {
+                let usable = pool.usable();
+                if usable < settings.gate.max_workers as u64 {
+                    return Err(format!(
+                        "worker-uids {} has {usable} uids free of users, groups and subordinate ranges, fewer than max-workers ({}): each running job needs one; widen worker-uids or lower max-workers",
+                        pool.range(),
+                        settings.gate.max_workers
+                    ));
+                }
+            }
             sandboxes.push(Arc::new(sandbox));
         }
         let slots = all
@@ -207,8 +218,15 @@ impl Generation {
 
     fn describe(&self) {
         tracing::info!("sandbox: {}", self.sandboxes[0].describe());
+        if let Some(shared) = self.sandboxes[0].shared() {
+            tracing::warn!("{shared}");
+        }
         for (i, (pattern, _)) in self.settings.rules.iter().enumerate() {
-            tracing::info!(job = ?pattern, "sandbox for these jobs: {}", self.sandboxes[i + 1].describe());
+            let sandbox = &self.sandboxes[i + 1];
+            tracing::info!(job = ?pattern, "sandbox for these jobs: {}", sandbox.describe());
+            if let Some(shared) = sandbox.shared() {
+                tracing::warn!(job = ?pattern, "for these jobs, {shared}");
+            }
         }
     }
 }

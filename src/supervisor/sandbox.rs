@@ -2,8 +2,9 @@
 //! process group, a parent-death signal, no inherited descriptor but stdio
 //! and the progress fd, a scrubbed environment (see the job module), a
 //! umask, `no_new_privs`, and a private scratch directory. When the
-//! supervisor runs as root: a configured unprivileged user (never root
-//! unless configured), with that user's supplementary groups. Limits: rlimits
+//! supervisor runs as root: a uid of the job's own from `worker-uids` (see
+//! the [`uids`](super::uids) module) unless `user` names one user for all
+//! (never root unless configured), with that user's supplementary groups. Limits: rlimits
 //! and, where available, one cgroup per job. Opt-in: no network, a read-only
 //! filesystem but for the scratch directory (Landlock), a private /tmp.
 //!
@@ -26,12 +27,16 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 use super::cgroup::{CgroupLimits, Cgroups, JobCgroup};
 use super::landlock;
+use super::uids::{ClaimedUid, UidPool, UidRange};
 
 /// The sandbox's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxSettings {
-    /// The user workers run as (a name or a uid); `None` for the default.
+    /// The user workers run as (a name or a uid); `None` for the default
+    /// (as root: a uid of each job's own).
     pub user: Option<String>,
+    /// Where each job's own uid comes from.
+    pub worker_uids: UidRange,
     /// The group, if not the user's own.
     pub group: Option<String>,
     /// The umask workers start with.
@@ -85,15 +90,32 @@ pub const DEFAULT_PIDS_MAX: u64 = 4096;
 /// is" (root, when it runs as root: an explicit choice).
 pub const SELF_USER: &str = "self";
 
-/// The account workers run as by default when the supervisor is root.
-pub const DEFAULT_USER: &str = "jobmgr";
+/// The `user` value that means "a uid of each job's own, from
+/// `worker-uids`" (the default as root).
+pub const DYNAMIC_USER: &str = "dynamic";
+
+/// Who workers run as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerUser {
+    /// The supervisor's own user.
+    Own,
+    /// One user for every job.
+    Shared(Credentials),
+    /// A uid of each job's own; the gid is the uid's number unless this
+    /// says otherwise.
+    Dynamic {
+        /// The configured group's gid.
+        gid: Option<u32>,
+    },
+}
 
 /// The prepared sandbox of a supervisor.
 #[derive(Debug)]
 pub struct Sandbox {
     settings: SandboxSettings,
-    /// `None`: workers run as the supervisor's own user.
-    credentials: Option<Credentials>,
+    user: WorkerUser,
+    /// Where jobs' own uids come from, with [`WorkerUser::Dynamic`].
+    uids: Option<Arc<UidPool>>,
     cgroups: Result<Arc<Cgroups>, String>,
 }
 
@@ -109,25 +131,36 @@ fn lookup_user(spec: &str) -> io::Result<User> {
     })
 }
 
-/// Works out who workers run as. As root: the configured user, else
-/// [`DEFAULT_USER`], else `nobody`. Otherwise: the supervisor's own user
-/// (switching needs root).
-pub fn credentials(settings: &SandboxSettings) -> io::Result<Option<Credentials>> {
+fn lookup_group(spec: &str) -> io::Result<Gid> {
+    let found = match spec.parse::<u32>() {
+        Ok(gid) => Group::from_gid(Gid::from_raw(gid)),
+        Err(_) => Group::from_name(spec),
+    };
+    Ok(found
+        .map_err(io::Error::from)?
+        .ok_or_else(|| io::Error::other(format!("there is no group {spec:?}")))?
+        .gid)
+}
+
+/// Works out who workers run as. As root: a uid of each job's own, unless
+/// `user` names one. Otherwise: the supervisor's own user (switching needs
+/// root).
+pub fn worker_user(settings: &SandboxSettings) -> io::Result<WorkerUser> {
     let root = nix::unistd::geteuid().is_root();
-    if settings.user.as_deref() == Some(SELF_USER) {
-        return Ok(None);
-    }
-    let user = match (&settings.user, root) {
+    let user = match (settings.user.as_deref(), root) {
+        (Some(SELF_USER), _) => return Ok(WorkerUser::Own),
+        (None | Some(DYNAMIC_USER), true) => {
+            let gid = settings.group.as_deref().map(lookup_group).transpose()?;
+            return Ok(WorkerUser::Dynamic {
+                gid: gid.map(Gid::as_raw),
+            });
+        }
+        (Some(DYNAMIC_USER), false) => {
+            return Err(io::Error::other(
+                "workers cannot run under uids of their own: that needs the supervisor to run as root",
+            ));
+        }
         (Some(spec), true) => lookup_user(spec)?,
-        (None, true) => match lookup_user(DEFAULT_USER) {
-            Ok(user) => user,
-            Err(_) => {
-                tracing::warn!(
-                    "the user {DEFAULT_USER:?} does not exist; workers run as \"nobody\" (create {DEFAULT_USER:?} or set user)"
-                );
-                lookup_user("nobody")?
-            }
-        },
         (Some(spec), false) => {
             let user = lookup_user(spec)?;
             if user.uid != nix::unistd::geteuid() {
@@ -135,21 +168,12 @@ pub fn credentials(settings: &SandboxSettings) -> io::Result<Option<Credentials>
                     "workers cannot run as {spec:?}: switching users needs the supervisor to run as root"
                 )));
             }
-            return Ok(None);
+            return Ok(WorkerUser::Own);
         }
-        (None, false) => return Ok(None),
+        (None, false) => return Ok(WorkerUser::Own),
     };
     let gid = match &settings.group {
-        Some(spec) => {
-            let found = match spec.parse::<u32>() {
-                Ok(gid) => Group::from_gid(Gid::from_raw(gid)),
-                Err(_) => Group::from_name(spec),
-            };
-            found
-                .map_err(io::Error::from)?
-                .ok_or_else(|| io::Error::other(format!("there is no group {spec:?}")))?
-                .gid
-        }
+        Some(spec) => lookup_group(spec)?,
         None => user.gid,
     };
     let name = CString::new(user.name.as_bytes()).map_err(io::Error::other)?;
@@ -160,7 +184,7 @@ pub fn credentials(settings: &SandboxSettings) -> io::Result<Option<Credentials>
         .collect();
     groups.sort_unstable();
     groups.dedup();
-    Ok(Some(Credentials {
+    Ok(WorkerUser::Shared(Credentials {
         name: user.name,
         uid: user.uid.as_raw(),
         gid: gid.as_raw(),
@@ -190,7 +214,27 @@ impl Sandbox {
         settings: &SandboxSettings,
         cgroups: &Result<Arc<Cgroups>, String>,
     ) -> io::Result<Self> {
-        let credentials = credentials(settings)?;
+        Self::prepare_with_claims(
+            settings,
+            cgroups,
+            std::path::Path::new(super::uids::LOCK_DIR),
+        )
+    }
+
+    /// As [`Sandbox::prepare`], with the uid claims kept in `claims`.
+    pub fn prepare_with_claims(
+        settings: &SandboxSettings,
+        cgroups: &Result<Arc<Cgroups>, String>,
+        claims: &Path,
+    ) -> io::Result<Self> {
+        let user = worker_user(settings)?;
+        let uids = match &user {
+            WorkerUser::Dynamic { gid } => Some(Arc::new(
+                UidPool::open(settings.worker_uids, claims, gid.is_none())
+                    .map_err(io::Error::other)?,
+            )),
+            _ => None,
+        };
         let root = nix::unistd::geteuid().is_root();
         if (settings.no_network || settings.private_tmp) && !root {
             return Err(io::Error::other(
@@ -217,25 +261,69 @@ impl Sandbox {
         }
         Ok(Sandbox {
             settings,
-            credentials,
+            user,
+            uids,
             cgroups: cgroups.clone(),
         })
     }
 
-    /// Who workers run as, when not as the supervisor's own user.
-    pub fn credentials(&self) -> Option<&Credentials> {
-        self.credentials.as_ref()
+    /// Where jobs' own uids come from, when each job has one.
+    pub fn uids(&self) -> Option<&Arc<UidPool>> {
+        self.uids.as_ref()
+    }
+
+    /// Who a job's worker runs as: the uid claimed for it, or the one user
+    /// of every job; `None` for the supervisor's own user.
+    pub fn credentials(&self, claimed: Option<&ClaimedUid>) -> Option<Credentials> {
+        match (&self.user, claimed) {
+            (WorkerUser::Dynamic { gid }, Some(claimed)) => Some(Credentials {
+                name: format!("uid {}", claimed.uid()),
+                uid: claimed.uid(),
+                gid: gid.unwrap_or(claimed.uid()),
+                groups: Vec::new(),
+            }),
+            (WorkerUser::Shared(credentials), _) => Some(credentials.clone()),
+            _ => None,
+        }
+    }
+
+    /// What jobs share with each other for lack of uids of their own (for
+    /// a warning at start), or `None` when each job has its own.
+    pub fn shared(&self) -> Option<String> {
+        let supervisor = nix::unistd::geteuid();
+        match &self.user {
+            WorkerUser::Dynamic { .. } => None,
+            WorkerUser::Shared(c) if c.uid == 0 => Some(
+                "workers run as root: a job can read and signal anything, other jobs and the supervisor included".into(),
+            ),
+            WorkerUser::Shared(c) => Some(format!(
+                "workers share uid {} ({}): a job can read another's scratch directory, stdin and environment, and signal it (leave user unset for a uid per job)",
+                c.uid, c.name
+            )),
+            WorkerUser::Own if supervisor.is_root() => Some(
+                "workers run as the supervisor's own user, root: a job can read and signal anything, other jobs and the supervisor included".into(),
+            ),
+            WorkerUser::Own => Some(format!(
+                "workers share uid {supervisor}, the supervisor's own: a job can read another's scratch directory, stdin and environment, and signal it and the supervisor (run the supervisor as root for a uid per job)"
+            )),
+        }
     }
 
     /// One line for the start-up log: what is in force.
     pub fn describe(&self) -> String {
         let s = &self.settings;
-        let user = match &self.credentials {
-            Some(c) => format!(
+        let user = match (&self.user, &self.uids) {
+            (WorkerUser::Shared(c), _) => format!(
                 "user {} (uid {}, gid {}, groups {:?})",
                 c.name, c.uid, c.gid, c.groups
             ),
-            None => format!("the supervisor's own user (uid {})", nix::unistd::geteuid()),
+            (WorkerUser::Dynamic { gid }, Some(pool)) => format!(
+                "a uid of each job's own from {} ({} usable; gid {}; no supplementary groups)",
+                pool.range(),
+                pool.usable(),
+                gid.map_or("the uid's number".to_string(), |g| g.to_string()),
+            ),
+            _ => format!("the supervisor's own user (uid {})", nix::unistd::geteuid()),
         };
         let cgroups = match &self.cgroups {
             Ok(cgroups) => format!("cgroups: {}", cgroups.describe()),
@@ -284,9 +372,15 @@ impl Sandbox {
         )
     }
 
-    /// Prepares one job: its cgroups, its Landlock ruleset, and the steps
-    /// its worker takes between fork and exec.
-    pub fn job(&self, job_id: i64, scratch: &Path) -> io::Result<JobSandbox> {
+    /// Prepares one job (running as `credentials`, from
+    /// [`Sandbox::credentials`]): its cgroups, its Landlock ruleset, and
+    /// the steps its worker takes between fork and exec.
+    pub fn job(
+        &self,
+        job_id: i64,
+        scratch: &Path,
+        credentials: Option<Credentials>,
+    ) -> io::Result<JobSandbox> {
         let cgroup = match &self.cgroups {
             Ok(cgroups) => Some(cgroups.job(job_id, &self.settings.cgroup)?),
             Err(_) => None,
@@ -314,7 +408,7 @@ impl Sandbox {
             procs,
             rlimits: rlimit_list(&self.settings.rlimits),
             umask: self.settings.umask,
-            credentials: self.credentials.clone(),
+            credentials,
             no_network: self.settings.no_network,
             private_tmp: self.settings.private_tmp,
             landlock: landlock.as_ref().map(|fd| fd.as_raw_fd()),

@@ -8,6 +8,7 @@ use super::cgroup::CgroupLimits;
 use super::gate::{GateLimits, ProcLoad};
 use super::report::RetryPolicy;
 use super::sandbox::{Rlimits, SandboxSettings, parse_umask};
+use super::uids::UidRange;
 use crate::config::{ConfigError, SupervisorOptions};
 use crate::protocol::{CreateJob, NamePattern, Priority, Repeat, check_data, check_name};
 
@@ -295,6 +296,13 @@ fn job_settings(
             .collect(),
         sandbox: SandboxSettings {
             user: options.user.clone(),
+            worker_uids: UidRange::parse(
+                options
+                    .worker_uids
+                    .as_deref()
+                    .unwrap_or(super::uids::DEFAULT_WORKER_UIDS),
+            )
+            .map_err(setting)?,
             group: options.group.clone(),
             umask: parse_umask(options.umask.as_deref().unwrap_or("027")).map_err(setting)?,
             rlimits: Rlimits {
@@ -381,7 +389,12 @@ impl Settings {
             ("scratch-dir", path(&self.scratch_dir)),
             ("loadavg-path", path(&self.load.loadavg)),
             ("meminfo-path", path(&self.load.meminfo)),
-            ("user", optional(sandbox.user.as_deref().map(text))),
+            (
+                "user",
+                optional(sandbox.user.as_deref().map(text))
+                    .replace("# not set", "# not set: as root, a uid of each job's own"),
+            ),
+            ("worker-uids", text(&sandbox.worker_uids.to_string())),
             ("group", optional(sandbox.group.as_deref().map(text))),
             ("umask", format!("\"{:03o}\"", sandbox.umask)),
             ("limit-as", optional(limits.address_space.map(size))),

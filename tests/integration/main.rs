@@ -22,6 +22,7 @@ mod hostile;
 mod hostile_workers;
 mod http_limits;
 mod idempotency;
+mod job_uids;
 mod leases;
 mod ledger;
 mod lifecycle;
