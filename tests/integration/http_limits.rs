@@ -33,6 +33,14 @@ fn connect_from(from: IpAddr, server: &str) -> TcpStream {
     socket.into()
 }
 
+/// `head` with the fixtures' bearer token after its request line: the
+/// attacks here come from a client that has the token (one without it is
+/// refused before its body is read).
+fn authed(head: &str) -> String {
+    let (line, rest) = head.split_once("\r\n").expect("a request line");
+    format!("{line}\r\nAuthorization: Bearer {}\r\n{rest}", token())
+}
+
 /// An API caller whose connections come from `from`.
 fn api_from(from: IpAddr) -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
@@ -46,6 +54,7 @@ fn api_from(from: IpAddr) -> reqwest::blocking::Client {
 fn create_from(from: IpAddr, url: &str, name: &str) -> u16 {
     api_from(from)
         .post(format!("{url}/jobs"))
+        .bearer_auth(token())
         .header("content-type", "application/json")
         .body(json!({"name": name}).to_string())
         .send()
@@ -286,8 +295,10 @@ fn a_body_that_never_finishes_is_cut_at_the_body_timeout() {
         .start();
     let answer = exchange(
         &server,
-        "POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n\
-         content-length: 100\r\n\r\n",
+        &authed(
+            "POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+             content-length: 100\r\n\r\n",
+        ),
         b"{\"name\": \"Never",
     );
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
@@ -305,7 +316,7 @@ fn an_oversized_content_length_is_refused_413_before_any_upload() {
              content-length: {size}\r\n\r\n"
         );
         // Nothing of the body is sent: the answer must not wait for it.
-        let answer = exchange(&server, &head, b"");
+        let answer = exchange(&server, &authed(&head), b"");
         assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer:?}");
         assert_eq!(json_of(&answer)["code"], "body_too_large");
     }
@@ -314,13 +325,32 @@ fn an_oversized_content_length_is_refused_413_before_any_upload() {
 }
 
 #[test]
+fn a_client_without_the_token_is_refused_before_its_body_is_read() {
+    let server = Server::start();
+    // A body within the limit, none of it sent: the 401 must not wait for it.
+    let answer = exchange(
+        &server,
+        "POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         content-length: 1000000\r\n\r\n",
+        b"",
+    );
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer:?}");
+    assert_eq!(json_of(&answer)["code"], "unauthorized");
+    let (status, jobs) = server.api().get("/jobs");
+    assert_eq!((status, jobs["jobs"].clone()), (200, json!([])));
+}
+
+#[test]
 fn a_chunked_body_over_the_limit_is_cut() {
     let server = Server::start();
     let mut stream = TcpStream::connect(server.addr()).expect("connect");
     stream
         .write_all(
-            b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n\
-              transfer-encoding: chunked\r\n\r\n",
+            authed(
+                "POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+                 transfer-encoding: chunked\r\n\r\n",
+            )
+            .as_bytes(),
         )
         .expect("head");
     let chunk = vec![b' '; 64 * 1024];
@@ -363,7 +393,7 @@ fn slow_uploads(server: &Server, count: usize, sent: usize) -> Vec<String> {
                 let mut stream = TcpStream::connect(addr).expect("connect");
                 let head = "POST /jobs/batch HTTP/1.1\r\nHost: 127.0.0.1\r\n\
                             content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
-                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(authed(head).as_bytes());
                 let chunk = vec![b' '; 256 * 1024];
                 let mut done = 0;
                 while done < sent {

@@ -65,6 +65,8 @@ fn job_cli(server: &Server, ca: Option<&Path>, args: &[&str]) -> (i32, String, S
         .arg(&server.url)
         .arg("--format")
         .arg("json")
+        .arg("--token-file")
+        .arg(server.token_file())
         .env_remove("JOBMGR_TOKEN")
         .env_remove("JOBMGR_CA_CERT");
     if let Some(ca) = ca {
