@@ -212,13 +212,36 @@ pub fn default_client_files() -> Vec<PathBuf> {
     files
 }
 
-/// A client's token: `given` if any; else `file` (an error if it cannot be
-/// read); else the first of `defaults` that exists, when this user can read
-/// it. Without one, requests go out without a token and a `401` says why.
+/// Whether a server URL (`http://`, `https://` or `bedrock://`) names this
+/// host by a loopback address or `localhost`: only such a server may be
+/// sent a token found in a default file.
+pub fn url_is_local(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    let host = host.trim_end_matches('.');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
+
+/// A client's token for the server at `url`: `given` if any; else `file`
+/// (an error if it cannot be read); else, when `url` is on this host
+/// ([`url_is_local`]), the first of `defaults` that exists, when this user
+/// can read it: a local token is never sent to another machine unasked.
+/// Without one, requests go out without a token and a `401` says why.
 pub fn for_client(
     given: Option<&str>,
     file: Option<&Path>,
     defaults: &[PathBuf],
+    url: &str,
 ) -> Result<ClientToken, TokenError> {
     if let Some(token) = checked(given)? {
         return Ok(ClientToken {
@@ -236,6 +259,16 @@ pub fn for_client(
                 "the token in {} is not this server's; point --token-file at the server's \
                  token file",
                 file.display()
+            ),
+        });
+    }
+    if !url_is_local(url) {
+        return Ok(ClientToken {
+            token: None,
+            hint: format!(
+                "no token was sent: {url} is not on this host, and this host's token files are \
+                 only sent to a server on it; pass that server's token with --token-file PATH \
+                 or JOBMGR_TOKEN"
             ),
         });
     }
@@ -423,6 +456,8 @@ fn create_file(path: &Path) -> Result<ApiToken, TokenError> {
 
 #[cfg(test)]
 mod tests {
+    /// A server URL on this host.
+    const LOCAL: &str = "http://127.0.0.1:8889";
     use super::*;
 
     fn mode(path: &Path) -> u32 {
@@ -475,7 +510,7 @@ mod tests {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
         let message = for_server(None, &file).unwrap_err().to_string();
         assert!(message.contains("chmod 600"), "{message}");
-        let message = for_client(None, None, std::slice::from_ref(&file))
+        let message = for_client(None, None, std::slice::from_ref(&file), LOCAL)
             .unwrap_err()
             .to_string();
         assert!(message.contains("chmod 600"), "{message}");
@@ -511,18 +546,18 @@ mod tests {
         let file = dir.path().join("token");
         let other = dir.path().join("other/token");
         let defaults = [other.clone(), file.clone()];
-        let none = for_client(None, None, &defaults).unwrap();
+        let none = for_client(None, None, &defaults, LOCAL).unwrap();
         assert!(none.token.is_none());
         assert!(none.hint.contains("no token file at"), "{}", none.hint);
         assert!(none.hint.contains("--token-file"), "{}", none.hint);
         let made = for_server(None, &file).unwrap();
         assert_eq!(
-            for_client(None, None, &defaults).unwrap().token,
+            for_client(None, None, &defaults, LOCAL).unwrap().token,
             Some(made),
             "the first default that exists"
         );
         assert_eq!(
-            for_client(Some("x"), None, &defaults)
+            for_client(Some("x"), None, &defaults, LOCAL)
                 .unwrap()
                 .token
                 .unwrap()
@@ -531,7 +566,42 @@ mod tests {
         );
         // An explicit file must be readable.
         let missing = dir.path().join("missing");
-        assert!(for_client(None, Some(&missing), &defaults).is_err());
+        assert!(for_client(None, Some(&missing), &defaults, LOCAL).is_err());
+        // Another host is never sent this host's token unasked; asked, it is.
+        let remote = for_client(None, None, &defaults, "http://jobs.example:8889").unwrap();
+        assert!(remote.token.is_none());
+        assert!(remote.hint.contains("not on this host"), "{}", remote.hint);
+        assert!(
+            for_client(None, Some(&file), &defaults, "https://10.0.0.5:8889")
+                .unwrap()
+                .token
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn only_loopback_and_localhost_urls_are_local() {
+        for local in [
+            "http://127.0.0.1:8889",
+            "https://127.9.9.9",
+            "http://localhost:1/x",
+            "http://LOCALHOST.:1",
+            "bedrock://[::1]:8888",
+            "http://[::ffff:127.0.0.1]:1",
+            "http://user@127.0.0.1:1",
+        ] {
+            assert!(url_is_local(local), "{local}");
+        }
+        for remote in [
+            "http://10.0.0.1:8889",
+            "http://jobs.example",
+            "http://localhost.evil.example",
+            "bedrock://[2001:db8::1]:8888",
+            "http://127.0.0.1.evil.example",
+            "http://127.0.0.1@evil.example",
+        ] {
+            assert!(!url_is_local(remote), "{remote}");
+        }
     }
 
     #[test]

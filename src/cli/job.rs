@@ -250,6 +250,7 @@ pub(super) fn client(connection: &Connection) -> Result<(HttpClient, Format), Cl
         connection.token.as_deref(),
         connection.token_file.as_deref(),
         &crate::auth::default_client_files(),
+        &connection.server,
     )
     .map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((

@@ -121,6 +121,20 @@ async fn serve_metrics(
     }
 }
 
+/// Warns when the token was given as `--token` on the command line, where
+/// every local user, workers included, can read it.
+fn warn_if_token_in_argv() {
+    let given = std::env::args_os().any(|arg| {
+        let arg = arg.as_encoded_bytes();
+        arg == b"--token" || arg.starts_with(b"--token=")
+    });
+    if given {
+        tracing::warn!(
+            "the token was given with --token: every local user, workers included, can read it in /proc/PID/cmdline; give it with JOBMGR_TOKEN or --token-file instead"
+        );
+    }
+}
+
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {

@@ -231,6 +231,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Usage(e.to_string()))?,
     };
     http::listen::raise_fd_limit();
+    super::warn_if_token_in_argv();
     let signals = super::signals::Signals::register().map_err(server::ServerError::Serve)?;
     let http = server::bind(&args.http).await?;
     let local = http.local_addr().map_err(server::ServerError::Serve)?;

@@ -49,6 +49,7 @@ fn effective(args: &SuperviseArgs) -> Result<SupervisorOptions, config::ConfigEr
 pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
     let signals =
         Signals::register().map_err(|e| CliError::Usage(format!("cannot watch signals: {e}")))?;
+    super::warn_if_token_in_argv();
     let options = effective(&args).map_err(|e| CliError::Usage(e.to_string()))?;
     let db = options.db.clone().unwrap_or_else(server::default_db_path);
     let token_file = options
@@ -125,7 +126,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             let mut defaults = vec![token_file.clone()];
             defaults.extend(crate::auth::default_client_files());
             defaults.dedup();
-            let token = crate::auth::for_client(args.token.as_deref(), explicit, &defaults)
+            let token = crate::auth::for_client(args.token.as_deref(), explicit, &defaults, url)
                 .map_err(server::ServerError::from)?;
             let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
             let source = connect(url, token, args.ca_cert.as_deref())?;

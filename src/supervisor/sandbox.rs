@@ -294,17 +294,17 @@ impl Sandbox {
         match &self.user {
             WorkerUser::Dynamic { .. } => None,
             WorkerUser::Shared(c) if c.uid == 0 => Some(
-                "workers run as root: a job can read and signal anything, other jobs and the supervisor included".into(),
+                "workers run as root: a job can read and signal anything, other jobs, the supervisor and the API token included".into(),
             ),
             WorkerUser::Shared(c) => Some(format!(
                 "workers share uid {} ({}): a job can read another's scratch directory, stdin and environment, and signal it (leave user unset for a uid per job)",
                 c.uid, c.name
             )),
             WorkerUser::Own if supervisor.is_root() => Some(
-                "workers run as the supervisor's own user, root: a job can read and signal anything, other jobs and the supervisor included".into(),
+                "workers run as the supervisor's own user, root: a job can read and signal anything, other jobs, the supervisor and the API token included".into(),
             ),
             WorkerUser::Own => Some(format!(
-                "workers share uid {supervisor}, the supervisor's own: a job can read another's scratch directory, stdin and environment, and signal it and the supervisor (run the supervisor as root for a uid per job)"
+                "workers share uid {supervisor}, the supervisor's own: a job can read another's scratch directory, stdin and environment, signal it and the supervisor, and read the API token the supervisor holds, and so read, change and delete every job (run the supervisor as root for a uid per job)"
             )),
         }
     }

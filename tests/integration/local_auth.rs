@@ -415,6 +415,36 @@ fn trusting_loopback_on_the_bedrock_port_is_explicit_and_loud() {
 }
 
 #[test]
+fn a_token_on_the_command_line_is_warned_about_and_one_in_the_environment_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, ready) = server_in(dir.path(), &["--token", "on-the-command-line"]);
+    let api = Api::new(&field(&ready, "http")).with_token("on-the-command-line");
+    assert_eq!(api.get("/jobs").0, 200, "the given token is the server's");
+    let log = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert!(
+        log.contains("WARN") && log.contains("/proc/PID/cmdline"),
+        "{log}"
+    );
+
+    let other = tempfile::tempdir().unwrap();
+    let child = jobmgr_in(other.path())
+        .args(["server", "--http", "127.0.0.1:0", "--bedrock", "none"])
+        .env("JOBMGR_TOKEN", "from-the-environment")
+        .env("JOBMGR_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(other.path().join("stderr")).expect("stderr file"))
+        .spawn()
+        .expect("spawn jobmgr server");
+    let mut guard = ChildGuard::new(child, "a server with its token in the environment");
+    // The warning would come before the ready line.
+    let ready = ready_line(guard.child()).expect("ready line");
+    let api = Api::new(&field(&ready, "http")).with_token("from-the-environment");
+    assert_eq!(api.get("/jobs").0, 200);
+    let log = std::fs::read_to_string(other.path().join("stderr")).unwrap();
+    assert!(!log.contains("/proc/PID/cmdline"), "{log}");
+}
+
+#[test]
 fn metrics_refuse_a_client_without_the_token() {
     let server = Server::builder()
         .arg("--metrics")

@@ -24,8 +24,8 @@ pub const MAX_REQUEST: usize = 2 * 1024 * 1024 + 64 * 1024;
 /// The most headers one request may carry.
 pub const MAX_HEADERS: usize = 256;
 
-/// One request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One request. Its `Debug` form hides the `token` header's value.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Request {
     /// The first word of the method line, as sent.
     pub method: String,
@@ -35,6 +35,24 @@ pub struct Request {
     pub headers: HashMap<String, String>,
     /// The body.
     pub body: Vec<u8>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: std::collections::BTreeMap<&str, &str> = self
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                let shown = if name == "token" { "<hidden>" } else { value };
+                (name.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("headers", &headers)
+            .field("body", &String::from_utf8_lossy(&self.body))
+            .finish()
+    }
 }
 
 impl Request {
@@ -313,6 +331,19 @@ mod tests {
         assert_eq!(request.raw_header("Data"), Some("{\"a\":1}"));
         assert_eq!(request.body, b"abc");
         assert_eq!(&bytes[used..], b"GetJob\n");
+    }
+
+    #[test]
+    fn the_token_never_shows_in_debug() {
+        let (request, _) = parse(b"QueryJob\r\nToken: s3cret\r\njobID: 1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        let shown = format!("{request:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("jobid") && shown.contains("<hidden>"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -107,8 +107,10 @@ pub fn bearer_matches(headers: &axum::http::HeaderMap, token: &ApiToken) -> bool
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110 §11.1).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, credentials)| credentials);
     token.matches(given)
 }
 
@@ -120,4 +122,35 @@ pub fn unauthorized() -> ApiError {
         "missing or wrong bearer token: send `Authorization: Bearer <token>` with the server's \
          token, which is in the file `token` beside its database (readable by the server's user)",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_the_token_is_not() {
+        let token = ApiToken::new("s3cret").unwrap();
+        let with = |value: &str| {
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert(
+                axum::http::header::AUTHORIZATION,
+                value.parse().expect("a header value"),
+            );
+            bearer_matches(&headers, &token)
+        };
+        assert!(with("Bearer s3cret"));
+        assert!(with("bearer s3cret"));
+        assert!(with("BEARER s3cret"));
+        for wrong in [
+            "Bearer S3cret",
+            "Basic s3cret",
+            "Bearers3cret",
+            "s3cret",
+            "Bearer ",
+        ] {
+            assert!(!with(wrong), "{wrong}");
+        }
+        assert!(!bearer_matches(&axum::http::HeaderMap::new(), &token));
+    }
 }
