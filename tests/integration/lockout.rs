@@ -53,12 +53,17 @@ fn attacker(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, 0, n))
 }
 
-/// Whether the server has answered or closed `stream` (nonblocking).
-fn closed_or_answered(stream: &TcpStream) -> bool {
-    let mut byte = [0u8; 1];
-    match stream.peek(&mut byte) {
-        Ok(_) => true,
-        Err(e) => e.kind() != ErrorKind::WouldBlock,
+/// Whether the server has closed `stream` (nonblocking); what it said
+/// before is read and dropped, so an answered connection the server keeps
+/// open is held on.
+fn closed(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) => return e.kind() != ErrorKind::WouldBlock,
+        }
     }
 }
 
@@ -95,7 +100,7 @@ impl Flood {
                 let mut reopened = 0;
                 while !stop.load(Ordering::Relaxed) {
                     for (target, from, stream) in &mut held {
-                        if closed_or_answered(stream) {
+                        if closed(stream) {
                             let mut fresh = open(target, *from);
                             let _ = fresh.write_all(&send(target));
                             *stream = fresh;
