@@ -44,7 +44,7 @@ pub struct ServerArgs {
     /// Bedrock-port connections served at once; more are refused with 503.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub bedrock_max_connections: usize,
-    /// Bedrock-port connections served at once from one client address; more from it are refused with 503 while other addresses are still served.
+    /// Bedrock-port connections served at once from one client address (an IPv6 /64); a newcomer from it closes its oldest connection that has not sent the token yet, or is refused with 503 if all have.
     #[arg(long, value_name = "N", default_value_t = bedrock::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub bedrock_max_connections_per_peer: usize,
     /// A Bedrock-port connection is closed this long after its last answer unless a new request has begun; blank lines do not keep it open.
@@ -53,6 +53,9 @@ pub struct ServerArgs {
     /// A Bedrock-port request must arrive whole within this of its first byte.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub bedrock_request_timeout: Duration,
+    /// A Bedrock-port connection must send a request with the token within this of its accept; until then it has no idle time, and the oldest such connections are closed for newcomers.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_positive_duration_ms)]
+    pub bedrock_unproven_timeout: Duration,
     /// A further name the HTTP API answers to in the Host header (besides the address it listens on and localhost); repeat for more. Requests naming any other host are refused (403), so a page that rebinds its own domain to this address cannot use the API.
     #[arg(
         long = "allowed-host",
@@ -72,10 +75,10 @@ pub struct ServerArgs {
     /// HTTP-port connections served at once; more are answered 503 and closed.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub http_max_connections: usize,
-    /// HTTP-port connections served at once from one IP address.
+    /// HTTP-port connections served at once from one IP address (an IPv6 /64); a newcomer from it closes its oldest connection that has not sent the token yet, or is refused with 503 if all have.
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub http_max_connections_per_peer: usize,
-    /// An HTTP request's headers must arrive whole within this (of the connection, or of their first byte).
+    /// An HTTP request's headers must arrive whole within this (of the connection, or of their first byte); a connection must also send a request with the token within this of its accept.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_positive_duration_ms)]
     pub http_header_timeout: Duration,
     /// An HTTP request's body must arrive whole within this of its headers.
@@ -212,6 +215,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
             max_connections_per_peer: args.bedrock_max_connections_per_peer.max(1),
             idle_timeout: args.bedrock_idle_timeout,
             request_timeout: args.bedrock_request_timeout,
+            unproven_timeout: args.bedrock_unproven_timeout,
             ..bedrock::Limits::default()
         },
         http_limits: http::Limits {

@@ -2,6 +2,7 @@
 //! HTTP/JSON. [`run`] takes its listener from the caller, so tests and the
 //! embedded supervisor start it on any address, and a shutdown future.
 
+pub mod admission;
 pub mod bedrock;
 pub mod calendar;
 pub mod http;

@@ -27,6 +27,7 @@ mod leases;
 mod ledger;
 mod lifecycle;
 mod local_auth;
+mod lockout;
 mod log_hygiene;
 mod long_poll;
 mod metrics;

@@ -4,7 +4,10 @@
 //! `wait`. Hostile clients are bounded: requests have a size limit and a time
 //! limit, idle connections are closed, the number of connections is capped
 //! (in all and per peer address), and the bytes buffered across all
-//! connections share one budget.
+//! connections share one budget. A connection without a request that passed
+//! the token check yet is second-class (see [`crate::server::admission`]):
+//! it must send one within [`Limits::unproven_timeout`] of its accept, and
+//! the oldest such connection is closed to admit a newcomer.
 //!
 //! Idle time is counted from the last answer: bytes that make no request
 //! (blank lines) do not restart it, and bytes of an unfinished request run
@@ -12,7 +15,6 @@
 
 pub mod commands;
 pub mod frame;
-pub mod peers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::ApiToken;
+use crate::server::admission::{Admission, Lapse, Refusal, Ticket};
 use crate::server::queue::Queue;
 use frame::{FrameError, Request};
 
@@ -35,9 +38,13 @@ pub const DEFAULT_BEDROCK_ADDR: &str = "127.0.0.1:8888";
 pub struct Limits {
     /// Connections served at once; more are told `503` and closed.
     pub max_connections: usize,
-    /// Connections served at once from one peer address; more from it are
-    /// told `503` and closed while other peers are still served.
+    /// Connections served at once from one peer address (an IPv6 /64);
+    /// a newcomer from it closes its oldest connection that has not
+    /// authenticated, or is told `503` and closed if all have.
     pub max_connections_per_peer: usize,
+    /// A connection must send a request that passes the token check
+    /// within this of its accept; until then it has no idle time.
+    pub unproven_timeout: Duration,
     /// A connection is closed when this passes after its last answer (or
     /// its start) without a request beginning; blank lines do not count.
     pub idle_timeout: Duration,
@@ -61,6 +68,7 @@ impl Default for Limits {
         Limits {
             max_connections: 1024,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            unproven_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
@@ -91,8 +99,7 @@ pub async fn serve(
     auth: Auth,
     shutdown: CancellationToken,
 ) {
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let peers = peers::PeerCounts::new(limits.max_connections_per_peer);
+    let admission = Admission::new(limits.max_connections, limits.max_connections_per_peer);
     let open = tokio_util::task::TaskTracker::new();
     // The budget counts KiB so that it fits a semaphore's permit count.
     let budget = Arc::new(Semaphore::new(limits.buffer_budget / 1024));
@@ -110,18 +117,19 @@ pub async fn serve(
                 continue;
             }
         };
-        // The peer's own cap first, so that its surplus takes no place
-        // from the others.
-        let Some(slot) = peers.enter(peer.ip()) else {
-            tracing::warn!(%peer, cap = limits.max_connections_per_peer,
-                "Bedrock port: too many connections from one address; refusing one");
-            refuse_connection(stream, "503 Too many connections from your address");
-            continue;
-        };
-        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
-            tracing::warn!(%peer, "Bedrock port: too many connections; refusing one");
-            refuse_connection(stream, "503 Too many connections");
-            continue;
+        let ticket = match admission.admit(peer.ip()) {
+            Ok(ticket) => ticket,
+            Err(Refusal::PeerFull) => {
+                tracing::warn!(%peer, cap = limits.max_connections_per_peer,
+                    "Bedrock port: too many authenticated connections from one address; refusing one");
+                refuse_connection(stream, "503 Too many connections from your address");
+                continue;
+            }
+            Err(Refusal::Full) => {
+                tracing::warn!(%peer, "Bedrock port: too many connections; refusing one");
+                refuse_connection(stream, "503 Too many connections");
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let trusted = auth.trust_loopback && peer.ip().to_canonical().is_loopback();
@@ -136,12 +144,9 @@ pub async fn serve(
             reader: frame::FrameReader::default(),
             shutdown: shutdown.clone(),
             token: (!trusted).then(|| auth.token.clone()),
+            ticket,
         };
-        open.spawn(async move {
-            connection.run().await;
-            drop(permit);
-            drop(slot);
-        });
+        open.spawn(connection.run());
     }
     // Connections end once their current request is answered; their
     // undelivered jobs must be put back before the store closes.
@@ -178,6 +183,8 @@ struct Connection {
     shutdown: CancellationToken,
     /// The token each request must carry; `None` for a trusted peer.
     token: Option<ApiToken>,
+    /// Its place; proven by the first request that passes the token check.
+    ticket: Ticket,
 }
 
 /// Why reading stopped.
@@ -185,6 +192,7 @@ enum ReadEnd {
     Closed,
     TimedOut,
     OverBudget,
+    Lapsed(Lapse),
 }
 
 impl Connection {
@@ -218,13 +226,35 @@ impl Connection {
                         return;
                     }
                     let shutdown = self.shutdown.clone();
-                    let read = tokio::select! {
-                        read = self.read_more(deadline) => read,
-                        _ = shutdown.cancelled(), if !partial => return,
-                    };
+                    let read = self.read_more(deadline, &shutdown, partial).await;
                     match read {
                         Ok(()) => {}
                         Err(ReadEnd::Closed) => return,
+                        Err(ReadEnd::Lapsed(Lapse::Evicted)) => {
+                            tracing::debug!(
+                                "Bedrock port: unauthenticated connection evicted for a newcomer"
+                            );
+                            let status = "503 Closed for a newer connection: send a request with the token at once";
+                            let _ = tokio::time::timeout(
+                                Duration::from_secs(1),
+                                self.stream.write_all(&frame::closing_response(status, "")),
+                            )
+                            .await;
+                            return;
+                        }
+                        Err(ReadEnd::Lapsed(Lapse::Late)) => {
+                            tracing::debug!(
+                                "Bedrock port: no authenticated request in time; closing"
+                            );
+                            let status =
+                                "408 Request timeout: send a request with the token at once";
+                            let _ = tokio::time::timeout(
+                                Duration::from_secs(1),
+                                self.stream.write_all(&frame::closing_response(status, "")),
+                            )
+                            .await;
+                            return;
+                        }
                         Err(ReadEnd::TimedOut) => {
                             if partial {
                                 let _ = self
@@ -245,10 +275,23 @@ impl Connection {
         }
     }
 
-    /// Reads what has arrived, up to `deadline`.
-    async fn read_more(&mut self, deadline: Instant) -> Result<(), ReadEnd> {
+    /// Reads what has arrived, up to `deadline`, while the connection keeps
+    /// its place (and the server runs, unless a request is `partial`).
+    async fn read_more(
+        &mut self,
+        deadline: Instant,
+        shutdown: &CancellationToken,
+        partial: bool,
+    ) -> Result<(), ReadEnd> {
         let mut chunk = [0u8; 16 * 1024];
-        match timeout_at(deadline, self.stream.read(&mut chunk)).await {
+        let read = tokio::select! {
+            read = timeout_at(deadline, self.stream.read(&mut chunk)) => read,
+            lapse = self.ticket.lapsed(self.limits.unproven_timeout) => {
+                return Err(ReadEnd::Lapsed(lapse));
+            }
+            _ = shutdown.cancelled(), if !partial => return Err(ReadEnd::Closed),
+        };
+        match read {
             Err(_) => Err(ReadEnd::TimedOut),
             Ok(Err(_)) | Ok(Ok(0)) => Err(ReadEnd::Closed),
             Ok(Ok(n)) => {
@@ -363,6 +406,16 @@ impl Connection {
                     .await;
                 return After::Close;
             }
+        }
+        if !self.ticket.prove() {
+            // Evicted just before its request was read whole.
+            let _ = self
+                .write(&frame::closing_response(
+                    "503 Closed for a newer connection: send a request with the token at once",
+                    "",
+                ))
+                .await;
+            return After::Close;
         }
         let connection = request
             .header("connection")

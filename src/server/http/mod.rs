@@ -95,9 +95,33 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
+/// The token check. A request that passes it proves its connection
+/// (see [`crate::server::admission`]); one that fails it closes it.
 async fn require_token(State(token): State<ApiToken>, request: Request, next: Next) -> Response {
+    let proof = request.extensions().get::<listen::Proof>().cloned();
     if !bearer_matches(request.headers(), &token) {
-        return unauthorized().into_response();
+        let mut response = unauthorized().into_response();
+        if proof.is_some() {
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        return response;
+    }
+    if proof.is_some_and(|proof| !proof.prove()) {
+        let mut response = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "connection_evicted",
+            "this connection was closed for a newer one before its request was read; \
+             retry at once on a new connection",
+        )
+        .into_response();
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        return response;
     }
     next.run(request).await
 }

@@ -1,5 +1,7 @@
 //! The HTTP port's accept loop (hyper, HTTP/1.1, optionally under TLS) with
-//! its limits: connections in all and per peer address, a deadline for each
+//! its limits: connections in all and per peer address (connections that
+//! have not passed the token check are second-class, see
+//! [`crate::server::admission`]), a deadline for each
 //! request's head and body, an idle timeout, per-request body limits and one
 //! byte budget for request bodies and listing pages across the server.
 //!
@@ -11,10 +13,9 @@ mod activity;
 mod budget;
 mod tls;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -37,6 +38,7 @@ pub use tls::{TlsError, TlsFiles};
 
 use super::ApiError;
 use super::body::{MAX_BATCH_BODY, MAX_BODY};
+use crate::server::admission::{Admission, Lapse, Refusal, Ticket};
 use activity::{Activity, Watched};
 use budget::{Bounded, Holding, kib_beyond_free};
 
@@ -57,10 +59,12 @@ pub const CONNECTION_BUFFER: usize = 64 * 1024;
 pub struct Limits {
     /// Connections served at once; more are answered 503 and closed.
     pub max_connections: usize,
-    /// Connections served at once from one IP address.
+    /// Connections served at once from one IP address (an IPv6 /64); a
+    /// newcomer from it closes its oldest unauthenticated connection.
     pub max_connections_per_peer: usize,
     /// A request's head must arrive whole within this of its first byte
-    /// (of the connection's accept, for the first request).
+    /// (of the connection's accept, for the first request); a connection
+    /// must also pass the token check within this of its accept.
     pub header_timeout: Duration,
     /// A request's body must arrive whole within this of its head.
     pub body_timeout: Duration,
@@ -92,48 +96,16 @@ impl Limits {
     }
 }
 
-/// Connections open, in all and per peer address.
-struct Caps {
-    total: Arc<Semaphore>,
-    per_peer: Mutex<HashMap<IpAddr, usize>>,
-    per_peer_max: usize,
-}
+/// A request's connection's place, in the request's extensions: the token
+/// check proves it ([`Proof::prove`]).
+#[derive(Clone)]
+pub struct Proof(Arc<Ticket>);
 
-/// One admitted connection; dropping it frees its place.
-struct Slot {
-    caps: Arc<Caps>,
-    ip: IpAddr,
-    _permit: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl Caps {
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, &'static str> {
-        let permit = Arc::clone(&self.total)
-            .try_acquire_owned()
-            .map_err(|_| "too many connections")?;
-        let mut per_peer = self.per_peer.lock().unwrap_or_else(|e| e.into_inner());
-        let count = per_peer.entry(ip).or_insert(0);
-        if *count >= self.per_peer_max {
-            return Err("too many connections from this address");
-        }
-        *count += 1;
-        Ok(Slot {
-            caps: Arc::clone(self),
-            ip,
-            _permit: permit,
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut per_peer = self.caps.per_peer.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = per_peer.get_mut(&self.ip) {
-            *count -= 1;
-            if *count == 0 {
-                per_peer.remove(&self.ip);
-            }
-        }
+impl Proof {
+    /// Marks the request's connection as authenticated; false if it was
+    /// already closed for a newcomer.
+    pub fn prove(&self) -> bool {
+        self.0.prove()
     }
 }
 
@@ -153,11 +125,7 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     stop: CancellationToken,
 ) {
-    let caps = Arc::new(Caps {
-        total: Arc::new(Semaphore::new(limits.max_connections.max(1))),
-        per_peer: Mutex::new(HashMap::new()),
-        per_peer_max: limits.max_connections_per_peer.max(1),
-    });
+    let admission = Admission::new(limits.max_connections, limits.max_connections_per_peer);
     // The budget counts KiB so that it fits a semaphore's permit count.
     let shared = Arc::new(Shared {
         router,
@@ -180,9 +148,13 @@ pub async fn serve(
                 continue;
             }
         };
-        let slot = match caps.admit(peer.ip()) {
-            Ok(slot) => slot,
-            Err(why) => {
+        let ticket = match admission.admit(peer.ip()) {
+            Ok(ticket) => Arc::new(ticket),
+            Err(refusal) => {
+                let why = match refusal {
+                    Refusal::PeerFull => "too many connections from this address",
+                    Refusal::Full => "too many connections",
+                };
                 refusals.note(peer, why);
                 refuse(&stream, why);
                 continue;
@@ -195,20 +167,35 @@ pub async fn serve(
         open.spawn(async move {
             let activity = Activity::new();
             let watched = Watched::new(stream, Arc::clone(&activity));
-            match tls {
-                None => connection(watched, peer, activity, shared, stop).await,
-                Some(acceptor) => {
-                    let header = shared.limits.header_timeout;
-                    match tokio::time::timeout(header, acceptor.accept(watched)).await {
-                        Ok(Ok(stream)) => connection(stream, peer, activity, shared, stop).await,
-                        Ok(Err(error)) => {
-                            tracing::debug!(%peer, %error, "HTTP port: TLS handshake failed");
+            let header = shared.limits.header_timeout;
+            let serve = async {
+                match tls {
+                    None => connection(watched, peer, activity, &ticket, shared, stop).await,
+                    Some(acceptor) => {
+                        match tokio::time::timeout(header, acceptor.accept(watched)).await {
+                            Ok(Ok(stream)) => {
+                                connection(stream, peer, activity, &ticket, shared, stop).await;
+                            }
+                            Ok(Err(error)) => {
+                                tracing::debug!(%peer, %error, "HTTP port: TLS handshake failed");
+                            }
+                            Err(_) => tracing::debug!(%peer, "HTTP port: TLS handshake too slow"),
                         }
-                        Err(_) => tracing::debug!(%peer, "HTTP port: TLS handshake too slow"),
                     }
                 }
+            };
+            // Until a request passes the token check, the connection may be
+            // evicted for a newcomer and must prove itself within the
+            // header timeout of its accept.
+            tokio::select! {
+                () = serve => {}
+                lapse = ticket.lapsed(header) => match lapse {
+                    Lapse::Evicted => tracing::debug!(%peer,
+                        "HTTP port: unauthenticated connection closed for a newcomer"),
+                    Lapse::Late => tracing::debug!(%peer,
+                        "HTTP port: no authenticated request in time; closing"),
+                },
             }
-            drop(slot);
         });
     }
     open.close();
@@ -267,6 +254,7 @@ async fn connection<S>(
     io: S,
     peer: SocketAddr,
     activity: Arc<Activity>,
+    ticket: &Arc<Ticket>,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) where
@@ -275,11 +263,13 @@ async fn connection<S>(
     let service = {
         let activity = Arc::clone(&activity);
         let shared = Arc::clone(&shared);
+        let ticket = Arc::clone(ticket);
         hyper::service::service_fn(move |request: Request<Incoming>| {
             let busy = activity.begin();
             let shared = Arc::clone(&shared);
+            let ticket = Arc::clone(&ticket);
             async move {
-                let response = handle(&shared, request, peer).await;
+                let response = handle(&shared, request, peer, ticket).await;
                 drop(busy);
                 Ok::<_, Infallible>(response)
             }
@@ -358,7 +348,12 @@ fn closing(mut response: Response) -> Response {
 
 /// One request: refused at once when its declared body is over its limit
 /// or the budget, else passed to the router with its body bounded.
-async fn handle(shared: &Shared, request: Request<Incoming>, peer: SocketAddr) -> Response {
+async fn handle(
+    shared: &Shared,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    ticket: Arc<Ticket>,
+) -> Response {
     let limit = body_limit(request.uri().path());
     let declared = request
         .headers()
@@ -385,6 +380,7 @@ async fn handle(shared: &Shared, request: Request<Incoming>, peer: SocketAddr) -
     }
     let (mut parts, body) = request.into_parts();
     parts.extensions.insert(ConnectInfo(peer));
+    parts.extensions.insert(Proof(ticket));
     let body = Bounded::new(
         body,
         limit,

@@ -1,0 +1,319 @@
+//! Which connections a port keeps, shared by the HTTP and Bedrock ports.
+//!
+//! A connection is *unproven* until one of its requests passes the token
+//! check. Unproven connections are second-class: they have a pool of their
+//! own (a quarter of the port's connections), they must prove themselves
+//! within a short deadline of their accept, and when a place is needed the
+//! oldest of them is evicted rather than the newcomer refused. So anyone
+//! who can open sockets (a worker, or any address in 127.0.0.0/8) cannot
+//! lock the port: a client with the token, which sends its request at once,
+//! is always admitted and proves itself before a flood can evict it.
+//! Proven connections are never evicted; they count against the port's cap
+//! as before, and only they make a newcomer be refused.
+//!
+//! Connections are also counted per peer *bucket*: an IPv4 address (an
+//! IPv4-mapped IPv6 address counts as its IPv4), or an IPv6 /64, which one
+//! host usually holds whole. A bucket at its cap evicts its own oldest
+//! unproven connection for a newcomer, so one peer's flood churns only its
+//! own connections; it is refused only when all its connections are proven.
+//! Loopback addresses are separate buckets like any other: with eviction,
+//! merging them would buy nothing against a local flood and would make the
+//! supervisor, the CLI and local clients share one cap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Why a connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its peer bucket holds its cap of proven connections.
+    PeerFull,
+    /// The port holds its cap of proven connections.
+    Full,
+}
+
+/// Why an unproven connection must close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lapse {
+    /// A newcomer took its place.
+    Evicted,
+    /// It did not prove itself within the deadline.
+    Late,
+}
+
+/// The connections a port holds, within its caps.
+#[derive(Debug)]
+pub struct Admission {
+    max_connections: usize,
+    max_unproven: usize,
+    max_per_peer: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Connections held, proven or not.
+    total: usize,
+    per_bucket: HashMap<IpAddr, usize>,
+    /// Unproven connections by age (admission order), oldest first.
+    unproven: BTreeMap<u64, (IpAddr, CancellationToken)>,
+    next_id: u64,
+}
+
+impl State {
+    fn forget(&mut self, bucket: IpAddr) {
+        self.total -= 1;
+        if let Some(count) = self.per_bucket.get_mut(&bucket) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_bucket.remove(&bucket);
+            }
+        }
+    }
+
+    fn evict(&mut self, id: u64) {
+        if let Some((bucket, evicted)) = self.unproven.remove(&id) {
+            evicted.cancel();
+            self.forget(bucket);
+        }
+    }
+}
+
+/// One admitted connection; dropping it frees its place.
+#[derive(Debug)]
+pub struct Ticket {
+    admission: Arc<Admission>,
+    id: u64,
+    bucket: IpAddr,
+    admitted: Instant,
+    evicted: CancellationToken,
+    proven: CancellationToken,
+}
+
+/// The bucket a peer address is counted in: IPv4 (also when IPv4-mapped)
+/// by address, IPv6 by /64.
+pub fn bucket(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(Ipv6Addr::from(prefix))
+        }
+    }
+}
+
+impl Admission {
+    /// A port's admission with at most `max_connections` connections, a
+    /// quarter of them (at least one) unproven, and `max_per_peer` per peer
+    /// bucket.
+    pub fn new(max_connections: usize, max_per_peer: usize) -> Arc<Self> {
+        let max_connections = max_connections.max(1);
+        Arc::new(Admission {
+            max_connections,
+            max_unproven: (max_connections / 4).max(1),
+            max_per_peer: max_per_peer.max(1),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The most unproven connections held at once.
+    pub fn max_unproven(&self) -> usize {
+        self.max_unproven
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a connection from `ip` as unproven, evicting the oldest
+    /// unproven connection of its bucket (if the bucket is at its cap) or
+    /// of the port (if the unproven pool or the port is full). Refused only
+    /// when the place it needs is held by proven connections.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Ticket, Refusal> {
+        let bucket = bucket(ip);
+        let mut state = self.lock();
+        let in_bucket = state.per_bucket.get(&bucket).copied().unwrap_or(0);
+        if in_bucket >= self.max_per_peer {
+            let own = state
+                .unproven
+                .iter()
+                .find(|(_, (b, _))| *b == bucket)
+                .map(|(id, _)| *id);
+            match own {
+                Some(id) => state.evict(id),
+                None => return Err(Refusal::PeerFull),
+            }
+        }
+        if state.unproven.len() >= self.max_unproven || state.total >= self.max_connections {
+            match state.unproven.keys().next().copied() {
+                Some(id) => state.evict(id),
+                None => return Err(Refusal::Full),
+            }
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        state.total += 1;
+        *state.per_bucket.entry(bucket).or_insert(0) += 1;
+        let evicted = CancellationToken::new();
+        state.unproven.insert(id, (bucket, evicted.clone()));
+        Ok(Ticket {
+            admission: Arc::clone(self),
+            id,
+            bucket,
+            admitted: Instant::now(),
+            evicted,
+            proven: CancellationToken::new(),
+        })
+    }
+
+    /// Connections held: (all, unproven).
+    pub fn held(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.total, state.unproven.len())
+    }
+}
+
+impl Ticket {
+    /// Marks the connection proven (a request on it passed the token
+    /// check): it is no longer evicted nor held to the deadline. False if
+    /// it was evicted already; it must then close.
+    pub fn prove(&self) -> bool {
+        let mut state = self.admission.lock();
+        if self.evicted.is_cancelled() {
+            return false;
+        }
+        state.unproven.remove(&self.id);
+        self.proven.cancel();
+        true
+    }
+
+    /// Whether the connection has proven itself.
+    pub fn is_proven(&self) -> bool {
+        self.proven.is_cancelled()
+    }
+
+    /// Resolves when the connection must close, unproven: evicted, or
+    /// `deadline` after its accept. Never resolves once it is proven.
+    pub async fn lapsed(&self, deadline: Duration) -> Lapse {
+        tokio::select! {
+            biased;
+            _ = self.proven.cancelled() => std::future::pending().await,
+            _ = self.evicted.cancelled() => Lapse::Evicted,
+            _ = tokio::time::sleep_until(self.admitted + deadline) => {
+                if self.is_proven() {
+                    std::future::pending().await
+                } else {
+                    Lapse::Late
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut state = self.admission.lock();
+        // An evicted connection's place was freed when it was evicted.
+        if self.evicted.is_cancelled() {
+            return;
+        }
+        state.unproven.remove(&self.id);
+        state.forget(self.bucket);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn buckets_are_ipv4_addresses_and_ipv6_64s() {
+        assert_eq!(bucket(ip("::ffff:10.0.0.1")), ip("10.0.0.1"));
+        assert_eq!(bucket(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            bucket(ip("2001:db8:1:2:ffff::9")),
+            bucket(ip("2001:db8:1:2::1"))
+        );
+        assert_ne!(bucket(ip("2001:db8:1:3::1")), bucket(ip("2001:db8:1:2::1")));
+        assert_ne!(bucket(ip("127.0.0.2")), bucket(ip("127.0.0.1")));
+    }
+
+    #[tokio::test]
+    async fn a_full_unproven_pool_evicts_its_oldest_for_a_newcomer() {
+        let admission = Admission::new(8, 100);
+        assert_eq!(admission.max_unproven(), 2);
+        let first = admission.admit(ip("127.0.0.2")).unwrap();
+        let second = admission.admit(ip("127.0.0.3")).unwrap();
+        let third = admission.admit(ip("127.0.0.4")).unwrap();
+        assert_eq!(first.lapsed(Duration::from_secs(60)).await, Lapse::Evicted);
+        assert!(!first.prove(), "an evicted connection cannot prove itself");
+        assert!(!second.evicted.is_cancelled());
+        assert_eq!(admission.held(), (2, 2));
+        drop(first);
+        assert_eq!(
+            admission.held(),
+            (2, 2),
+            "an evicted place is not freed twice"
+        );
+        assert!(third.prove());
+        drop(second);
+        assert_eq!(admission.held(), (1, 0));
+    }
+
+    #[test]
+    fn proven_connections_are_never_evicted_and_only_they_refuse() {
+        let admission = Admission::new(4, 100);
+        let proven: Vec<Ticket> = (0..4)
+            .map(|i| {
+                let t = admission.admit(ip(&format!("127.0.0.{}", i + 2))).unwrap();
+                assert!(t.prove());
+                t
+            })
+            .collect();
+        assert_eq!(admission.admit(ip("127.0.0.9")).unwrap_err(), Refusal::Full);
+        assert!(proven.iter().all(|t| !t.evicted.is_cancelled()));
+        drop(proven);
+        assert_eq!(admission.held(), (0, 0));
+    }
+
+    #[test]
+    fn a_bucket_at_its_cap_evicts_its_own_oldest_unproven_only() {
+        let admission = Admission::new(100, 2);
+        let other = admission.admit(ip("10.0.0.9")).unwrap();
+        let a = admission.admit(ip("10.0.0.1")).unwrap();
+        let b = admission.admit(ip("10.0.0.1")).unwrap();
+        let c = admission.admit(ip("::ffff:10.0.0.1")).unwrap();
+        assert!(a.evicted.is_cancelled(), "its own oldest");
+        assert!(!other.evicted.is_cancelled(), "another peer's is kept");
+        assert!(b.prove() && c.prove());
+        assert_eq!(
+            admission.admit(ip("10.0.0.1")).unwrap_err(),
+            Refusal::PeerFull
+        );
+        assert!(admission.admit(ip("10.0.0.2")).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unproven_connection_lapses_at_its_deadline_a_proven_one_never() {
+        let admission = Admission::new(8, 8);
+        let late = admission.admit(ip("127.0.0.1")).unwrap();
+        assert_eq!(late.lapsed(Duration::from_secs(10)).await, Lapse::Late);
+        let proven = admission.admit(ip("127.0.0.1")).unwrap();
+        assert!(proven.prove());
+        let waited = tokio::time::timeout(
+            Duration::from_secs(60),
+            proven.lapsed(Duration::from_secs(10)),
+        )
+        .await;
+        assert!(waited.is_err(), "a proven connection has no deadline");
+    }
+}
