@@ -73,6 +73,8 @@ if [ -z "$url" ]; then
   exit 1
 fi
 echo "jobmgr server (pid $pid) at $url"
+# Every route but /healthz needs the token the server made beside its store.
+token=$(cat "$tmp/token")
 
 status=0
 # From the temporary directory, where schemathesis keeps its cache.
@@ -80,6 +82,7 @@ status=0
   cd "$tmp"
   SCHEMATHESIS_HOOKS=schemathesis_hooks PYTHONPATH="$OLDPWD/tests${PYTHONPATH:+:$PYTHONPATH}" \
   "$st" run "$url/openapi.json" \
+  --header "Authorization: Bearer $token" \
   --checks all \
   --exclude-checks positive_data_acceptance \
   --max-examples "${MAX_EXAMPLES:-50}" \
