@@ -187,6 +187,17 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     let lease_ms = i64::try_from(args.lease.as_millis())
         .unwrap_or(i64::MAX)
         .max(1);
+    let http_limits = http::Limits {
+        max_connections: args.http_max_connections.max(1),
+        max_connections_per_peer: args.http_max_connections_per_peer.max(1),
+        header_timeout: args.http_header_timeout,
+        body_timeout: args.http_body_timeout,
+        idle_timeout: args.http_idle_timeout,
+        body_budget: args.http_body_budget,
+    };
+    if let Some(warning) = http_limits.check_budget().map_err(CliError::Usage)? {
+        tracing::warn!("{warning}");
+    }
     let db = args.db.unwrap_or_else(server::default_db_path);
     let token_file = args
         .token_file
@@ -218,14 +229,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
             unproven_timeout: args.bedrock_unproven_timeout,
             ..bedrock::Limits::default()
         },
-        http_limits: http::Limits {
-            max_connections: args.http_max_connections.max(1),
-            max_connections_per_peer: args.http_max_connections_per_peer.max(1),
-            header_timeout: args.http_header_timeout,
-            body_timeout: args.http_body_timeout,
-            idle_timeout: args.http_idle_timeout,
-            body_budget: args.http_body_budget,
-        },
+        http_limits,
         tls: match (args.tls_cert, args.tls_key) {
             (Some(cert), Some(key)) => Some(http::TlsFiles { cert, key }),
             _ => None,

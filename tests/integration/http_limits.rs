@@ -231,6 +231,81 @@ fn read_until_closed(stream: &mut TcpStream) -> Option<Vec<u8>> {
     None
 }
 
+/// The slowloris pace: one header line per 200 ms, never the blank line,
+/// until the server closes (true) or [`DEADLINE`] passes (false).
+fn drip_until_closed(stream: &mut TcpStream) -> bool {
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    while start.elapsed() < DEADLINE {
+        if stream.write_all(b"X-Slow: 1\r\n").is_err() {
+            return true;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Reads one whole answer (head and `content-length` body) off `stream`,
+/// leaving the connection open; returns its head.
+fn read_one_answer(stream: &mut TcpStream) -> String {
+    stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = out.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&out[..end]).into_owned();
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .expect("a content-length");
+            if out.len() >= end + 4 + length {
+                return head;
+            }
+        }
+        let n = stream.read(&mut buf).expect("the answer");
+        assert!(n > 0, "closed before the whole answer: {out:?}");
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[test]
+fn a_second_request_head_dripped_on_a_kept_alive_connection_is_cut_at_the_header_timeout() {
+    let server = Server::builder()
+        .arg("--http-header-timeout")
+        .arg("1s")
+        .arg("--http-idle-timeout")
+        .arg("5m")
+        .start();
+    let mut stream = TcpStream::connect(server.addr()).expect("connect");
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .expect("write");
+    let head = read_one_answer(&mut stream);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
+    // The connection is kept alive: the next head is begun and dripped. It
+    // must be cut at the header timeout (1 s), long before the idle one
+    // (5 min), which is past the deadline polled here.
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .expect("write");
+    assert!(
+        drip_until_closed(&mut stream),
+        "a second head dripped on a kept-alive connection was still open after {DEADLINE:?}"
+    );
+}
+
 #[test]
 fn a_request_head_sent_slowly_is_cut_at_the_header_timeout() {
     let server = Server::builder()
@@ -241,32 +316,10 @@ fn a_request_head_sent_slowly_is_cut_at_the_header_timeout() {
     stream
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .expect("write");
-    stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .expect("timeout");
-    // The attacker's pace: one header line per 200 ms, never the blank line.
-    let start = Instant::now();
-    let mut closed = false;
-    let mut buf = [0u8; 1024];
-    while start.elapsed() < DEADLINE {
-        if stream.write_all(b"X-Slow: 1\r\n").is_err() {
-            closed = true;
-            break;
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => {
-                closed = true;
-                break;
-            }
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => {
-                closed = true;
-                break;
-            }
-        }
-    }
-    assert!(closed, "a slowloris head was still open after {DEADLINE:?}");
+    assert!(
+        drip_until_closed(&mut stream),
+        "a slowloris head was still open after {DEADLINE:?}"
+    );
     // A connection that sends nothing at all is closed too.
     let mut silent = TcpStream::connect(server.addr()).expect("connect");
     assert!(
@@ -571,4 +624,85 @@ fn a_big_failure_group_is_listed_under_8_mib() {
     let (_, small) = api.get("/failures/failed?limit=2");
     assert_eq!(small["jobs"].as_array().map(Vec::len), Some(2));
     assert!(small.get("truncated").is_none(), "{}", small["truncated"]);
+}
+
+/// A listing's status for `method` (GET or HEAD), from a client with the
+/// token.
+fn listing_status(server: &Server, method: reqwest::Method, path: &str) -> u16 {
+    api_from(HERE)
+        .request(method, format!("{}{path}", server.url))
+        .bearer_auth(token())
+        .send()
+        .map(|r| r.status().as_u16())
+        .unwrap_or_else(|e| panic!("a listing was not answered: {e}"))
+}
+
+#[test]
+fn a_listing_by_get_or_head_takes_the_page_reserve_of_the_budget() {
+    // A budget of exactly one page reserve (24 MiB).
+    let server = Server::builder()
+        .arg("--http-body-budget")
+        .arg("24MiB")
+        .arg("--http-body-timeout")
+        .arg("5m")
+        .start();
+    for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
+        assert_eq!(
+            listing_status(&server, method.clone(), "/jobs"),
+            200,
+            "{method}"
+        );
+    }
+    // An upload that declares 1 MiB and sends none of it holds that much of
+    // the budget: no whole page is left.
+    let mut holder = TcpStream::connect(server.addr()).expect("connect");
+    holder
+        .write_all(
+            authed(
+                "POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+                 content-length: 1048576\r\n\r\n",
+            )
+            .as_bytes(),
+        )
+        .expect("head");
+    poll("a GET listing to be refused while the upload holds", || {
+        (listing_status(&server, reqwest::Method::GET, "/jobs") == 503).then_some(())
+    });
+    for path in [
+        "/jobs",
+        "/jobs/1/history",
+        "/workers",
+        "/stats",
+        "/stats/workers",
+        "/failures",
+    ] {
+        for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
+            assert_eq!(
+                listing_status(&server, method.clone(), path),
+                503,
+                "{method} {path} builds a page without the budget for it"
+            );
+        }
+    }
+    // A request that builds no page is still served.
+    assert_eq!(server.api().get("/healthz").0, 200);
+    drop(holder);
+    poll("the budget to be free again", || {
+        (listing_status(&server, reqwest::Method::HEAD, "/jobs") == 200).then_some(())
+    });
+}
+
+#[test]
+fn a_body_budget_below_one_listing_page_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = jobmgr_in(dir.path())
+        .args(["server", "--http", "127.0.0.1:0", "--bedrock", "none"])
+        .args(["--http-body-budget", "16MiB"])
+        .run_bounded("jobmgr server with a body budget below one page");
+    assert_eq!(output.status.code(), Some(2), "a usage error: {output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--http-body-budget") && stderr.contains("at least 24MiB"),
+        "says what to give: {stderr}"
+    );
 }

@@ -38,8 +38,10 @@ struct Phase {
 #[derive(Debug)]
 pub struct Activity {
     phase: Mutex<Phase>,
-    /// Told when the last request in flight ends.
-    quiet: tokio::sync::Notify,
+    /// Told when the phase changes in a way that brings a deadline nearer:
+    /// the last request in flight ends, or bytes of a new head arrive on an
+    /// idle connection.
+    changed: tokio::sync::Notify,
 }
 
 /// A request in progress; dropping it ends the request.
@@ -55,7 +57,7 @@ impl Activity {
                 reading_head: true,
                 since: Instant::now(),
             }),
-            quiet: tokio::sync::Notify::new(),
+            changed: tokio::sync::Notify::new(),
         })
     }
 
@@ -69,6 +71,9 @@ impl Activity {
         if phase.in_flight == 0 && !phase.reading_head {
             phase.reading_head = true;
             phase.since = Instant::now();
+            // The watchdog sleeps until the idle deadline; the header
+            // deadline is nearer.
+            self.changed.notify_one();
         }
     }
 
@@ -95,12 +100,18 @@ impl Activity {
                     (Some(phase.since + idle), Expiry::Idle)
                 }
             };
+            // A change since the look above keeps its permit, so it is not
+            // missed.
             match deadline {
                 Some(deadline) if Instant::now() >= deadline => return why,
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                // Wait for the last request to end (its permit is kept if
-                // it ended since the look above).
-                None => self.quiet.notified().await,
+                Some(deadline) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => {}
+                        _ = self.changed.notified() => {}
+                    }
+                }
+                // Wait for the last request to end.
+                None => self.changed.notified().await,
             }
         }
     }
@@ -113,7 +124,7 @@ impl Drop for Busy {
         if phase.in_flight == 0 {
             phase.reading_head = false;
             phase.since = Instant::now();
-            self.0.quiet.notify_one();
+            self.0.changed.notify_one();
         }
     }
 }
@@ -201,5 +212,31 @@ mod tests {
         let start = Instant::now();
         assert_eq!(activity.expired(header, idle).await, Expiry::HeadLate);
         assert_eq!(start.elapsed(), header);
+    }
+
+    /// Keep-alive slowloris: after a request, the next head starts to
+    /// arrive while the watchdog already waits for the idle deadline; the
+    /// head is still cut at the header timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_begun_while_the_watchdog_waits_for_idle_is_cut_at_the_header_timeout() {
+        let header = Duration::from_secs(2);
+        let idle = Duration::from_secs(60);
+        let activity = Activity::new();
+        drop(activity.begin());
+        let watchdog = {
+            let activity = Arc::clone(&activity);
+            tokio::spawn(async move { activity.expired(header, idle).await })
+        };
+        // The watchdog is now asleep until the idle deadline.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!watchdog.is_finished());
+        let head_began = Instant::now();
+        activity.on_read();
+        assert_eq!(watchdog.await.expect("watchdog"), Expiry::HeadLate);
+        assert_eq!(
+            head_began.elapsed(),
+            header,
+            "cut at the header timeout, not the idle one"
+        );
     }
 }

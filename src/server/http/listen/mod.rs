@@ -94,6 +94,33 @@ impl Limits {
     pub fn memory_bound(&self) -> usize {
         self.body_budget + self.max_connections * (2 * CONNECTION_BUFFER + FREE_BODY)
     }
+
+    /// Refuses a body budget that could never hold one listing page (every
+    /// listing would be answered 503 forever); returns a warning when it
+    /// cannot hold one whole batch body.
+    pub fn check_budget(&self) -> Result<Option<String>, String> {
+        let mib = |bytes: usize| bytes >> 20;
+        if self.body_budget < PAGE_RESERVE {
+            return Err(format!(
+                "--http-body-budget {} MiB is below the {} MiB one listing page holds, so every \
+                 listing would be refused; give at least {}MiB",
+                mib(self.body_budget),
+                mib(PAGE_RESERVE),
+                mib(PAGE_RESERVE)
+            ));
+        }
+        if self.body_budget < MAX_BATCH_BODY {
+            return Ok(Some(format!(
+                "--http-body-budget {} MiB is below the {} MiB batch body limit: a /jobs/batch \
+                 upload larger than the budget is always answered 503; give at least {}MiB to \
+                 allow the largest",
+                mib(self.body_budget),
+                mib(MAX_BATCH_BODY),
+                mib(MAX_BATCH_BODY)
+            )));
+        }
+        Ok(None)
+    }
 }
 
 /// A request's connection's place, in the request's extensions: the token
@@ -317,10 +344,24 @@ fn body_limit(path: &str) -> usize {
     }
 }
 
-/// Whether a request builds a listing page of up to [`MAX_PAGE_BYTES`] of
-/// job data.
+/// Whether a request builds a listing page of up to [`MAX_PAGE_BYTES`]:
+/// a GET, or a HEAD (which axum answers with the GET handler), of one of
+/// the listing routes.
 fn builds_page(method: &Method, path: &str) -> bool {
-    method == Method::GET && (path == "/jobs" || path.starts_with("/failures/"))
+    if method != Method::GET && method != Method::HEAD {
+        return false;
+    }
+    let segments: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+    matches!(
+        segments.as_slice(),
+        ["jobs"]
+            | ["jobs", _, "history"]
+            | ["failures"]
+            | ["failures", _]
+            | ["workers"]
+            | ["stats"]
+            | ["stats", "workers"]
+    )
 }
 
 fn busy() -> Response {
@@ -422,5 +463,48 @@ pub fn raise_fd_limit() -> Option<u64> {
             tracing::warn!(%error, soft, hard, "cannot raise the open-file limit");
             Some(soft)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listings_take_the_page_reserve_for_get_and_head_alike() {
+        for path in [
+            "/jobs",
+            "/jobs/7/history",
+            "/failures",
+            "/failures/timeout",
+            "/workers",
+            "/stats",
+            "/stats/workers",
+        ] {
+            assert!(builds_page(&Method::GET, path), "GET {path}");
+            assert!(builds_page(&Method::HEAD, path), "HEAD {path}");
+        }
+        for (method, path) in [
+            (Method::POST, "/jobs"),
+            (Method::POST, "/failures/timeout/retry"),
+            (Method::GET, "/jobs/7"),
+            (Method::GET, "/healthz"),
+            (Method::POST, "/workers"),
+        ] {
+            assert!(!builds_page(&method, path), "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn a_budget_below_one_page_is_refused_and_one_below_a_batch_is_warned_of() {
+        let with = |body_budget| Limits {
+            body_budget,
+            ..Limits::default()
+        };
+        let error = with(PAGE_RESERVE - 1024).check_budget().unwrap_err();
+        assert!(error.contains("at least 24MiB"), "{error}");
+        let warning = with(PAGE_RESERVE).check_budget().unwrap();
+        assert!(warning.is_some_and(|w| w.contains("batch")));
+        assert_eq!(with(MAX_BATCH_BODY).check_budget(), Ok(None));
     }
 }
