@@ -87,7 +87,7 @@ pub struct ServerArgs {
     /// An HTTP connection with no request in flight (a held /dequeue is in flight) is closed after this.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration_ms)]
     pub http_idle_timeout: Duration,
-    /// Bytes of request bodies and listing pages the HTTP port holds at once, across all clients (e.g. 256MiB); a request past it is answered 503.
+    /// The server's one byte budget: request bytes both ports hold at once beyond each connection's free 64 KiB, and listing pages while built, across all clients (e.g. 256MiB); an HTTP request past it is answered 503, a Bedrock one 503 and closed.
     #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_bytes)]
     pub http_body_budget: usize,
     /// Serve the HTTP port over TLS with this certificate chain (PEM); needs --tls-key.

@@ -115,6 +115,16 @@ pub async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
         })
 }
 
+/// The server's one byte budget, counted in KiB so that it fits a
+/// semaphore's permits: request bytes both ports buffer for their clients
+/// beyond each connection's free share, and listing pages while built.
+pub type ByteBudget = Arc<tokio::sync::Semaphore>;
+
+/// A [`ByteBudget`] of `bytes`.
+pub fn byte_budget(bytes: usize) -> ByteBudget {
+    Arc::new(tokio::sync::Semaphore::new(bytes / 1024))
+}
+
 /// The sockets a server answers on.
 pub struct Listeners {
     /// The HTTP API.
@@ -183,6 +193,8 @@ impl Server {
         let local = listeners.http.local_addr().map_err(ServerError::Serve)?;
         self.queue.ready().await;
         let stop = CancellationToken::new();
+        // One byte budget for what both ports buffer for their clients.
+        let budget = byte_budget(self.http_limits.body_budget);
         let bedrock = match listeners.bedrock {
             Some(listener) => {
                 let auth = bedrock::Auth {
@@ -197,6 +209,7 @@ impl Server {
                     self.queue.clone(),
                     self.bedrock_limits,
                     auth,
+                    Arc::clone(&budget),
                     stop.clone(),
                 )))
             }
@@ -228,15 +241,18 @@ impl Server {
             max_connections = limits.max_connections,
             per_peer = limits.max_connections_per_peer,
             body_budget_mib = limits.body_budget >> 20,
-            memory_bound_mib = limits.memory_bound() >> 20,
+            memory_bound_mib = (limits.memory_bound()
+                + self.bedrock_limits.max_connections * bedrock::FREE_BUFFER)
+                >> 20,
             tls = self.tls.is_some(),
-            "HTTP port limits"
+            "port limits (the byte budget is shared by both ports)"
         );
         http::listen::serve(
             listeners.http,
             app,
             self.http_limits,
             self.tls.clone(),
+            Arc::clone(&budget),
             stop.clone(),
         )
         .await;

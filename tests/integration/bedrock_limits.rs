@@ -315,3 +315,52 @@ fn a_browsers_cross_protocol_post_runs_nothing_and_is_closed() {
     }
     assert_eq!(jobs(&server), Vec::<Value>::new(), "nothing was created");
 }
+
+#[test]
+fn the_bedrock_port_draws_on_the_same_byte_budget_as_the_http_port() {
+    let server = Server::builder()
+        .arg("--http-body-budget")
+        .arg("24MiB")
+        .arg("--http-body-timeout")
+        .arg("5m")
+        .start();
+    // A request that buffers well past a connection's free 64 KiB.
+    let big = format!(
+        "CreateJob\r\nname: big\r\ndata: {{\"pad\": \"{}\"}}\r\n\r\n",
+        "x".repeat(512 * 1024)
+    );
+    // An HTTP upload that declares the whole budget beyond its free share,
+    // and sends none of it, holds all of it.
+    let mut holder = TcpStream::connect(server.addr()).expect("connect");
+    holder
+        .write_all(
+            format!(
+                "POST /jobs/batch HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                token(),
+                24 * 1024 * 1024 + 64 * 1024
+            )
+            .as_bytes(),
+        )
+        .expect("head");
+    // Held once a listing, which needs a page of it, is refused.
+    poll("the upload to hold the budget", || {
+        (server.api().get("/jobs").0 == 503).then_some(())
+    });
+    poll(
+        "the big Bedrock request to be refused while HTTP holds the budget",
+        || {
+            let answer = bedrock_exchange(&server.bedrock, big.as_bytes());
+            answer.starts_with("503 Server busy").then_some(())
+        },
+    );
+    // A small request is still served.
+    let answer = bedrock_exchange(&server.bedrock, b"CreateJob\r\nname: small\r\n\r\n");
+    assert!(answer.starts_with("200 OK"), "{answer:?}");
+    // Once the upload is gone, the big one fits.
+    drop(holder);
+    poll("the big Bedrock request to be served", || {
+        let answer = bedrock_exchange(&server.bedrock, big.as_bytes());
+        answer.starts_with("200 OK").then_some(())
+    });
+}

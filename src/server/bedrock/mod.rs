@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::server::ByteBudget;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
@@ -52,9 +54,6 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// An answer must be taken by the client within this.
     pub write_timeout: Duration,
-    /// Bytes buffered beyond [`FREE_BUFFER`] per connection, across all
-    /// connections.
-    pub buffer_budget: usize,
 }
 
 /// Connections one peer address may hold open by default.
@@ -72,7 +71,6 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
-            buffer_budget: 256 * 1024 * 1024,
         }
     }
 }
@@ -97,12 +95,11 @@ pub async fn serve(
     queue: Queue,
     limits: Limits,
     auth: Auth,
+    budget: ByteBudget,
     shutdown: CancellationToken,
 ) {
     let admission = Admission::new(limits.max_connections, limits.max_connections_per_peer);
     let open = tokio_util::task::TaskTracker::new();
-    // The budget counts KiB so that it fits a semaphore's permit count.
-    let budget = Arc::new(Semaphore::new(limits.buffer_budget / 1024));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -174,7 +171,7 @@ struct Connection {
     stream: TcpStream,
     queue: Queue,
     limits: Limits,
-    budget: Arc<Semaphore>,
+    budget: ByteBudget,
     borrowed: Vec<OwnedSemaphorePermit>,
     /// Bytes received; those before `pos` are already answered.
     buf: Vec<u8>,

@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::server::ByteBudget;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::{Method, Request, StatusCode, header};
@@ -26,7 +27,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -140,7 +140,7 @@ impl Proof {
 struct Shared {
     router: Router,
     limits: Limits,
-    budget: Arc<Semaphore>,
+    budget: ByteBudget,
 }
 
 /// Serves `router` on `listener` (under TLS with `tls`) within `limits`
@@ -150,14 +150,14 @@ pub async fn serve(
     router: Router,
     limits: Limits,
     tls: Option<TlsAcceptor>,
+    budget: ByteBudget,
     stop: CancellationToken,
 ) {
     let admission = Admission::new(limits.max_connections, limits.max_connections_per_peer);
-    // The budget counts KiB so that it fits a semaphore's permit count.
     let shared = Arc::new(Shared {
         router,
         limits,
-        budget: Arc::new(Semaphore::new(limits.body_budget / 1024)),
+        budget,
     });
     let open = TaskTracker::new();
     let mut refusals = Refusals::default();
