@@ -5,7 +5,7 @@
 //! and a browser's cross-protocol request answered with an error and
 //! closed before anything in it runs.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -18,33 +18,6 @@ fn jobs(server: &Server) -> Vec<Value> {
     let (status, list) = server.api().get("/jobs?limit=1000");
     assert_eq!(status, 200, "{list}");
     list["jobs"].as_array().expect("jobs").clone()
-}
-
-/// Reads until the server closes the connection, within [`DEADLINE`];
-/// returns what it said. Panics if it is still open then.
-fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
-    stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .expect("timeout");
-    let start = Instant::now();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return String::from_utf8_lossy(&out).into_owned(),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => {
-                return String::from_utf8_lossy(&out).into_owned();
-            }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(e) => panic!("{what}: {e}"),
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "{what}: still open after {DEADLINE:?}; it said {:?}",
-            String::from_utf8_lossy(&out)
-        );
-    }
 }
 
 /// Sends `bytes` one piece at a time, every `every`, on another thread,

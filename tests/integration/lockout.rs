@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
 
@@ -172,39 +172,33 @@ fn silent_connections_from_many_addresses_do_not_lock_out_a_client_with_the_toke
     let server = server();
     let flood = Flood::start(&[server.bedrock.clone(), server.addr()], |_| Vec::new());
     both_ports_answer(&server, "during a flood of silent connections");
-    // And again, each on its first try, while the flood keeps reopening.
+    // And again, five times, while the flood keeps reopening. On a loaded
+    // machine the flood may close a client's new connection before its
+    // request is read (closed, or told to retry at once), and a retry is
+    // served. What must never come is a refusal for want of places (the
+    // lock-out).
     for _ in 0..5 {
-        let answer = bedrock_query(&server);
-        assert!(answer.starts_with("404 "), "Bedrock: {answer:?}");
-        let answer = http_query(&server);
-        assert!(answer.starts_with("HTTP/1.1 404"), "HTTP: {answer:?}");
+        poll(
+            "a Bedrock client with the token to be answered again",
+            || {
+                let answer = bedrock_query(&server);
+                assert!(
+                    !answer.starts_with("503 Too many"),
+                    "Bedrock refused: {answer:?}"
+                );
+                answer.starts_with("404 ").then_some(())
+            },
+        );
+        poll("an HTTP client with the token to be answered again", || {
+            let answer = http_query(&server);
+            assert!(
+                !answer.contains("too_many_connections"),
+                "HTTP refused: {answer:?}"
+            );
+            answer.starts_with("HTTP/1.1 404").then_some(())
+        });
     }
     drop(flood);
-}
-
-/// Reads until the server closes `stream`; panics if it has not within
-/// [`DEADLINE`]. Returns what it said.
-fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
-    stream.set_nonblocking(false).expect("blocking");
-    stream
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .expect("timeout");
-    let start = Instant::now();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return String::from_utf8_lossy(&out).into_owned(),
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => return String::from_utf8_lossy(&out).into_owned(),
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "{what}: still open after {DEADLINE:?}; it said {:?}",
-            String::from_utf8_lossy(&out)
-        );
-    }
 }
 
 /// A request without the token for each port.

@@ -534,7 +534,12 @@ pub fn assert_error(answer: (u16, Value), status: u16, code: &str) {
 /// Sends raw bytes to `addr` and returns everything the server answers
 /// until it closes or goes quiet for a second.
 pub fn raw_exchange(addr: &str, bytes: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
+    exchange_on(TcpStream::connect(addr).expect("connect"), bytes)
+}
+
+/// Writes `bytes` on `stream` and returns everything the server answers
+/// until it closes or goes quiet for a second.
+fn exchange_on(mut stream: TcpStream, bytes: &[u8]) -> String {
     stream
         .set_read_timeout(Some(Duration::from_secs(1)))
         .expect("timeout");
@@ -549,6 +554,38 @@ pub fn raw_exchange(addr: &str, bytes: &[u8]) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Reads until the server closes `stream` (a reset counts as closing);
+/// panics if it is still open after [`DEADLINE`]. Returns what it said.
+pub fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("timeout");
+    let start = std::time::Instant::now();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return String::from_utf8_lossy(&out).into_owned(),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return String::from_utf8_lossy(&out).into_owned();
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{what}: still open after {DEADLINE:?}; it said {:?}",
+            String::from_utf8_lossy(&out)
+        );
+    }
 }
 
 /// A TCP connection to `addr` from the local address `from` (such as
@@ -572,21 +609,7 @@ pub fn connect_from(from: std::net::IpAddr, addr: &str) -> TcpStream {
 
 /// As [`raw_exchange`], from the local address `from`.
 pub fn raw_exchange_from(from: std::net::IpAddr, addr: &str, bytes: &[u8]) -> String {
-    let mut stream = connect_from(from, addr);
-    stream
-        .set_read_timeout(Some(Duration::from_secs(1)))
-        .expect("timeout");
-    stream.write_all(bytes).expect("write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(_) => break,
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    exchange_on(connect_from(from, addr), bytes)
 }
 
 /// Fetches `/metrics` from `addr` as text, with the fixtures' [`token`].
