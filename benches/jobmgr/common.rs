@@ -27,7 +27,8 @@ pub fn async_client() -> reqwest::Client {
         .expect("HTTP client")
 }
 
-fn auth_headers() -> reqwest::header::HeaderMap {
+/// The `Authorization` header with [`TOKEN`].
+pub fn auth_headers() -> reqwest::header::HeaderMap {
     let mut headers = reqwest::header::HeaderMap::new();
     headers.insert(
         reqwest::header::AUTHORIZATION,

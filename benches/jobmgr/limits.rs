@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use crate::Scale;
-use crate::common::{ServerProcess, percentile, post};
+use crate::common::{ServerProcess, TOKEN, auth_headers, percentile, post};
 
 fn connect_from(from: IpAddr, server: SocketAddr) -> Option<TcpStream> {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
@@ -64,6 +64,7 @@ pub fn report(scale: Scale) -> String {
     let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("addr");
     let client = reqwest::blocking::Client::builder()
         .local_address(loopback(2))
+        .default_headers(auth_headers())
         .build()
         .expect("client");
     let id = post(&client, &format!("{url}/jobs"), &json!({"name": "Probe"}))["jobID"]
@@ -113,8 +114,10 @@ pub fn report(scale: Scale) -> String {
     let uploads: Vec<TcpStream> = (0..30)
         .filter_map(|i| {
             let mut stream = connect_from(loopback(20 + (i % 8) as u8), addr)?;
-            let head = "POST /jobs/batch HTTP/1.1\r\nHost: 127.0.0.1\r\n\
-                        content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+            let head = format!(
+                "POST /jobs/batch HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\
+                 content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            );
             stream.write_all(head.as_bytes()).ok()?;
             let chunk = vec![b' '; 256 * 1024];
             for _ in 0..64 {
