@@ -68,6 +68,14 @@ pub struct SupervisorOptions {
     /// The longest retry delay [default: 1h]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_MAX_BACKOFF")]
     pub max_backoff: Option<HumanDuration>,
+    /// A job whose worker is missing here is handed back for another supervisor; it is failed (no_worker) when none has run it this long after the first hand-back; 0 fails it at once [default: 1h]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "JOBMGR_NO_WORKER_TIMEOUT",
+        help_heading = "Workers"
+    )]
+    pub no_worker_timeout: Option<HumanDuration>,
     /// Bytes of each of stdout and stderr kept per job, half from the start and half from the end [default: 64KiB]
     #[arg(long, value_name = "SIZE", env = "JOBMGR_OUTPUT_CAP")]
     pub output_cap: Option<ByteSize>,
@@ -401,6 +409,7 @@ impl SupervisorOptions {
             max_attempts,
             backoff,
             max_backoff,
+            no_worker_timeout,
             output_cap,
             env_allow,
             env,

@@ -41,11 +41,13 @@ impl JobTask {
         self.run_job(on_board).instrument(span).await
     }
 
-    /// Which run of the job this is: the server's count where it keeps one,
-    /// else one more than the last failure recorded in the job's data.
+    /// Which run of the job this is: the server's count where it keeps one
+    /// (less the no-worker hand-backs, which are no attempts), else one more
+    /// than the last failure recorded in the job's data.
     fn attempt(&self) -> i64 {
         if self.job.handout.contains_key("attempt") {
-            return self.job.attempt;
+            return (self.job.attempt - super::no_worker::no_worker_hand_backs(&self.job.data))
+                .max(1);
         }
         self.job
             .data
@@ -168,7 +170,10 @@ impl JobTask {
         let program = WorkerPath::new(&settings.worker_path)
             .map_err(|e| NotRun::NoWorker(e.to_string()))?
             .resolve(&self.job.name)
-            .map_err(|e| NotRun::NoWorker(e.to_string()))?;
+            .map_err(|e| match e {
+                super::worker_path::NoWorker::BadName(_) => NotRun::BadName(e.to_string()),
+                e => NotRun::NoWorker(e.to_string()),
+            })?;
         // A uid of the job's own, where jobs get one: wait for a free one.
         let claimed = match sandbox.uids() {
             Some(pool) => match uids::claim(pool, &worker_stop).await {

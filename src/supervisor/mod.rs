@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod gate;
 pub mod landlock;
 pub mod launcher;
+pub mod no_worker;
 pub mod output;
 pub mod process;
 pub mod report;

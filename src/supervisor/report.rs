@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::no_worker::{NO_WORKER_HAND_BACKS, NO_WORKER_SINCE, no_worker_hand_backs};
 use super::process::{Ending, Finished};
 use crate::client::Report;
 use crate::protocol::{Data, MAX_DATA_BYTES, RunFacts, data_len};
@@ -28,6 +29,9 @@ pub struct RetryPolicy {
     pub backoff: Duration,
     /// The longest delay.
     pub max_backoff: Duration,
+    /// How long a job whose worker is missing is handed back for another
+    /// supervisor before it is failed (`no_worker`); zero fails it at once.
+    pub no_worker_timeout: Duration,
 }
 
 impl RetryPolicy {
@@ -46,8 +50,10 @@ impl RetryPolicy {
 /// Why the job did not run to an ending of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotRun {
-    /// There is no worker for its name.
+    /// There is no worker for its name here (another host may have one).
     NoWorker(String),
+    /// Its name names no worker at all, on any host.
+    BadName(String),
     /// The machine is out of processes, memory or file descriptors: not the
     /// job's fault; the supervisor backs off.
     Busy(String),
@@ -235,7 +241,8 @@ pub fn decide_not_run(why: &NotRun, job: JobFacts<'_>, policy: &RetryPolicy) -> 
         )
     };
     match why {
-        NotRun::NoWorker(reason) => Decision {
+        NotRun::NoWorker(reason) => super::no_worker::decide(reason, job, policy),
+        NotRun::BadName(reason) => Decision {
             report: Some(Report::Fail {
                 data: details("no_worker", reason),
             }),
@@ -288,8 +295,15 @@ fn with_details(data: &Data, finished: &Finished, kind: &str, attempt: i64) -> O
 }
 
 /// The details keys that say what happened, kept when nothing else fits.
-const VERDICT: [&str; 6] = [
-    "outcome", "attempt", "exitCode", "signal", "killed", "reason",
+const VERDICT: [&str; 8] = [
+    "outcome",
+    "attempt",
+    "exitCode",
+    "signal",
+    "killed",
+    "reason",
+    NO_WORKER_SINCE,
+    NO_WORKER_HAND_BACKS,
 ];
 
 /// The job's data with `details` under [`DETAILS_KEY`], within the
@@ -297,7 +311,13 @@ const VERDICT: [&str; 6] = [
 /// then everything but the verdict. `None` when not even the verdict fits
 /// beside the job's own data; the data is then left as it is, and the
 /// outcome is in the log.
-fn fitted(data: &Data, details: Value) -> Option<Data> {
+pub(super) fn fitted(data: &Data, mut details: Value) -> Option<Data> {
+    // No-worker hand-backs are no attempts: their count outlives later runs'
+    // details, so that the server's hand-out count can be corrected.
+    let hand_backs = no_worker_hand_backs(data);
+    if hand_backs > 0 && details.get(NO_WORKER_HAND_BACKS).is_none() {
+        details[NO_WORKER_HAND_BACKS] = json!(hand_backs);
+    }
     let mut data = data.clone();
     data.insert(DETAILS_KEY.into(), details);
     if data_len(&data) <= MAX_DATA_BYTES {
@@ -365,7 +385,7 @@ pub fn run_facts(finished: &Finished) -> RunFacts {
 }
 
 /// A delay in whole seconds, rounded up so that "later" is never "now".
-fn whole_seconds(delay: Duration) -> i64 {
+pub(super) fn whole_seconds(delay: Duration) -> i64 {
     delay.as_secs_f64().ceil() as i64
 }
 
@@ -399,6 +419,7 @@ mod tests {
             max_attempts: 3,
             backoff: Duration::from_secs(10),
             max_backoff: Duration::from_secs(60),
+            no_worker_timeout: Duration::ZERO,
         }
     }
 
@@ -699,6 +720,7 @@ mod tests {
             max_attempts: 3,
             backoff: Duration::MAX,
             max_backoff: Duration::MAX,
+            no_worker_timeout: Duration::ZERO,
         };
         for attempt in [1, 2, 30, i64::MAX] {
             assert!(p.delay(attempt) >= Duration::from_secs(u64::MAX / 2));

@@ -287,6 +287,7 @@ fn job_settings(
             max_attempts,
             backoff: duration(options.backoff, Duration::from_secs(10)),
             max_backoff: duration(options.max_backoff, Duration::from_secs(3600)),
+            no_worker_timeout: duration(options.no_worker_timeout, Duration::from_secs(3600)),
         },
         env: options
             .env
@@ -364,6 +365,7 @@ impl Settings {
             ("max-attempts", job.retry.max_attempts.to_string()),
             ("backoff", duration(job.retry.backoff)),
             ("max-backoff", duration(job.retry.max_backoff)),
+            ("no-worker-timeout", duration(job.retry.no_worker_timeout)),
             ("output-cap", size(self.output_cap as u64)),
             ("env-allow", format!("{:?}", self.env_allow)),
             (

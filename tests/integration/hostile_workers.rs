@@ -306,7 +306,13 @@ fn a_worker_file_that_is_not_a_regular_file_is_refused() {
     )
     .unwrap();
     std::os::unix::fs::symlink(workers.join("Gone"), workers.join("Dangling")).unwrap();
-    let sup = builder.arg("--max-attempts").arg("5").start();
+    // Failed at once, not handed back for another host (--no-worker-timeout 0).
+    let sup = builder
+        .arg("--max-attempts")
+        .arg("5")
+        .arg("--no-worker-timeout")
+        .arg("0")
+        .start();
     for (name, reason) in [
         ("Dir", "is not a regular file"),
         ("DirLink", "is not a regular file"),

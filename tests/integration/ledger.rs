@@ -553,6 +553,8 @@ fn failures_are_grouped_by_timeout_and_missing_worker() {
         .arg("kinds/*")
         .arg("--max-attempts")
         .arg("1")
+        .arg("--no-worker-timeout")
+        .arg("0")
         .arg("--timeout")
         .arg("1s")
         .worker(

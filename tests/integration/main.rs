@@ -31,6 +31,7 @@ mod lockout;
 mod log_hygiene;
 mod long_poll;
 mod metrics;
+mod no_worker;
 mod one_server_per_file;
 mod openapi;
 mod operations;

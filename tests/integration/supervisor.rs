@@ -589,13 +589,15 @@ fn death_by_a_signal_is_reported_with_the_signals_name() {
 }
 
 #[test]
-fn a_job_without_a_worker_fails_at_once() {
+fn a_job_without_a_worker_fails_at_once_with_no_worker_timeout_zero() {
     let server = Server::start();
     let api = server.api();
     // Five attempts allowed: a missing worker must not use them.
     let sup = Supervisor::builder(&server.url)
         .arg("--max-attempts")
         .arg("5")
+        .arg("--no-worker-timeout")
+        .arg("0")
         .start();
     let id = api.create(json!({"name": "www-prod/NoSuchWorker?x=1", "data": {"a": 1}}));
     let job = wait_state(&api, &sup, id, "FAILED");
@@ -1207,7 +1209,8 @@ fn hostile_job_names_never_run_anything_outside_the_worker_path() {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
-    let sup = builder.start();
+    // Refused for good at once rather than handed back for another host.
+    let sup = builder.arg("--no-worker-timeout").arg("0").start();
 
     // Refused by the server, so they never reach a supervisor.
     let (status, answer) = api.post("/jobs", json!({"name": ""}));

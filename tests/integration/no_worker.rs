@@ -1,0 +1,198 @@
+//! A job whose worker is missing on a supervisor's host: handed back with a
+//! delay (no attempt counted) for a supervisor that has the worker, and
+//! failed as `no_worker` only when none has run it for `--no-worker-timeout`
+//! since the first hand-back.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+/// The job's details under `_jobmgr`.
+fn details(job: &Value) -> &Value {
+    &job["data"]["_jobmgr"]
+}
+
+/// Puts an executable worker in place at once (written aside, renamed in),
+/// as a deploy would.
+fn deploy(workers: &Path, name: &str, script: &str) {
+    let aside = workers.join(format!(".{name}.new"));
+    std::fs::write(&aside, script).expect("worker script");
+    std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::rename(&aside, workers.join(name)).expect("rename the worker in");
+}
+
+/// A worker that finishes with the attempt number it was given as data.
+const SAYS_ATTEMPT: &str = "#!/bin/sh\necho \"{\\\"ranAttempt\\\": $JOBMGR_ATTEMPT}\"\n";
+
+/// Waits until the job's data records at least `n` no-worker hand-backs.
+fn wait_hand_backs(api: &Api, logs: &dyn Logs, id: i64, n: i64) -> Value {
+    wait_for(
+        &format!("{n} no-worker hand-backs of job {id}"),
+        logs,
+        || {
+            let job = api.job(id);
+            (details(&job)["noWorkerHandBacks"].as_i64()? >= n).then_some(job)
+        },
+    )
+}
+
+/// The archived end of a finished job.
+fn wait_archived(api: &Api, logs: &dyn Logs, id: i64) -> Value {
+    wait_for(&format!("job {id} in the archive"), logs, || {
+        let (status, history) = api.get(&format!("/jobs/{id}/history"));
+        (status == 200 && !history["archived"].is_null()).then_some(history)
+    })
+}
+
+#[test]
+fn a_job_without_its_worker_is_handed_back_and_runs_once_the_worker_is_deployed() {
+    let server = Server::start();
+    let api = server.api();
+    let sup = Supervisor::builder(&server.url)
+        .arg("--no-worker-timeout")
+        .arg("1h")
+        .arg("--max-attempts")
+        .arg("2")
+        .start();
+    let id = api.create(json!({"name": "Late", "data": {"n": 1}}));
+    let first = wait_hand_backs(&api, &sup, id, 1);
+    let since = details(&first)["noWorkerSince"].clone();
+    assert!(since.is_string(), "{first}");
+    assert_eq!(details(&first)["outcome"], "no_worker", "{first}");
+    assert_eq!(first["data"]["n"], 1, "the job's own data is kept: {first}");
+    // Handed back again and again (more than --max-attempts), never failed;
+    // the clock keeps the first hand-back's time.
+    let third = wait_hand_backs(&api, &sup, id, 3);
+    assert_ne!(third["state"], "FAILED", "{third}");
+    assert_eq!(details(&third)["noWorkerSince"], since, "{third}");
+    assert!(
+        sup.stderr()
+            .contains("handed back for a supervisor that has the worker"),
+        "{}",
+        sup.stderr()
+    );
+
+    deploy(&sup.workers(), "Late", SAYS_ATTEMPT);
+    let history = wait_archived(&api, &sup, id);
+    assert_eq!(history["archived"]["state"], "FINISHED", "{history}");
+    // The hand-backs counted no attempt: the worker ran as attempt 1.
+    assert_eq!(
+        history["archived"]["data"],
+        json!({"ranAttempt": 1}),
+        "{history}"
+    );
+    // The history shows each hand-back, then the run.
+    let outcomes: Vec<&str> = history["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap_or(""))
+        .collect();
+    let (last, before) = outcomes.split_last().expect("attempts");
+    assert_eq!(*last, "finished", "{history}");
+    assert!(
+        before.len() >= 3 && before.iter().all(|o| *o == "retried"),
+        "{history}"
+    );
+}
+
+#[test]
+fn a_supervisor_with_the_worker_runs_what_one_without_it_handed_back() {
+    let server = Server::start();
+    let api = server.api();
+    let without = Supervisor::builder(&server.url)
+        .arg("--job-name")
+        .arg("fleet/*")
+        .start();
+    let id = api.create(json!({"name": "fleet/Deployed"}));
+    wait_hand_backs(&api, &without, id, 1);
+    let with = Supervisor::builder(&server.url)
+        .arg("--job-name")
+        .arg("fleet/*")
+        .worker("Deployed", SAYS_ATTEMPT)
+        .start();
+    let history = wait_archived(&api, &with, id);
+    assert_eq!(history["archived"]["state"], "FINISHED", "{history}");
+    assert_eq!(history["archived"]["data"], json!({"ranAttempt": 1}));
+    assert!(
+        with.stderr().contains("starting worker"),
+        "the second supervisor ran it:\n{}",
+        with.stderr()
+    );
+}
+
+#[test]
+fn a_job_no_supervisor_can_run_fails_as_no_worker_after_the_timeout() {
+    let server = Server::start();
+    let api = server.api();
+    let sup = Supervisor::builder(&server.url)
+        .arg("--no-worker-timeout")
+        .arg("3s")
+        .start();
+    let id = api.create(json!({"name": "Nowhere"}));
+    let job = wait_state(&api, &sup, id, "FAILED");
+    let d = details(&job);
+    assert_eq!(d["outcome"], "no_worker", "{job}");
+    assert!(d["noWorkerHandBacks"].as_i64().unwrap_or(0) >= 1, "{job}");
+    assert!(
+        d["reason"].as_str().unwrap_or("").contains("Nowhere"),
+        "{job}"
+    );
+    assert!(
+        sup.stderr()
+            .contains("no supervisor ran it within the no-worker timeout (3s)"),
+        "{}",
+        sup.stderr()
+    );
+    let (_, history) = api.get(&format!("/jobs/{id}/history"));
+    let attempts = history["attempts"].as_array().expect("attempts");
+    assert!(
+        attempts.len() >= 2,
+        "hand-backs, then the failure: {history}"
+    );
+    assert_eq!(
+        attempts.last().unwrap()["failure"],
+        "no_worker",
+        "{history}"
+    );
+
+    // Hostile: a name that names no worker on any host fails at once, with
+    // no hand-back.
+    let bad = api.create(json!({"name": "bad/-rf"}));
+    let job = wait_state(&api, &sup, bad, "FAILED");
+    assert_eq!(details(&job)["outcome"], "no_worker", "{job}");
+    assert!(details(&job).get("noWorkerHandBacks").is_none(), "{job}");
+}
+
+#[test]
+fn a_repeating_job_without_its_worker_moves_on_to_its_next_time_and_is_not_failed() {
+    let server = Server::start();
+    let api = server.api();
+    let sup = Supervisor::builder(&server.url)
+        .arg("--no-worker-timeout")
+        .arg("2s")
+        .start();
+    let id = api.create(json!({"name": "Hourly", "repeat": "SCHEDULED, +1 HOUR"}));
+    // Handed back first, then moved on past the timeout.
+    wait_hand_backs(&api, &sup, id, 1);
+    let job = wait_for("the occurrence to be given up", &sup, || {
+        let job = api.job(id);
+        (job["state"] == "QUEUED" && details(&job).get("noWorkerSince").is_none()).then_some(job)
+    });
+    assert_eq!(details(&job)["outcome"], "no_worker", "{job}");
+    let (_, history) = api.get(&format!("/jobs/{id}/history"));
+    assert!(
+        history["attempts"]
+            .as_array()
+            .is_some_and(|a| a.iter().all(|a| a["outcome"] == "retried")),
+        "{history}"
+    );
+    assert!(
+        sup.stderr().contains("the job repeats at its next time"),
+        "{}",
+        sup.stderr()
+    );
+}
