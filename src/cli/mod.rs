@@ -2,6 +2,7 @@
 //! talks to one. Errors are mapped to exit codes in one place, [`exit_code`].
 
 mod check_config;
+mod embedded_ports;
 mod job;
 mod output;
 mod reports;

@@ -100,10 +100,15 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 .bedrock
                 .clone()
                 .unwrap_or_else(|| DEFAULT_BEDROCK_ADDR.into());
-            let http = server::bind(&http_addr).await?;
+            // A taken port most likely means a local Bedrock: say so.
+            let probed = match bedrock_addr.as_str() {
+                "none" | "" => DEFAULT_BEDROCK_ADDR,
+                addr => addr,
+            };
+            let http = super::embedded_ports::bind(&http_addr, "HTTP", probed).await?;
             let bedrock = match bedrock_addr.as_str() {
                 "none" | "" => None,
-                addr => Some(server::bind(addr).await?),
+                addr => Some(super::embedded_ports::bind(addr, "Bedrock", probed).await?),
             };
             let http_local = http.local_addr().map_err(server::ServerError::Serve)?;
             let bedrock_local = bedrock.as_ref().and_then(|l| l.local_addr().ok());

@@ -66,6 +66,14 @@ pub enum ServerError {
         /// Why.
         source: std::io::Error,
     },
+    /// An embedded server's address is in use, with what to do about it.
+    #[error("cannot listen on {addr}: address already in use; {advice}")]
+    PortTaken {
+        /// The address.
+        addr: String,
+        /// What probably holds it, and which flags move the ports.
+        advice: String,
+    },
     /// The API token could not be had.
     #[error(transparent)]
     Token(#[from] crate::auth::TokenError),

@@ -35,6 +35,7 @@ mod no_worker;
 mod one_server_per_file;
 mod openapi;
 mod operations;
+mod port_conflict;
 mod repeat;
 mod sandbox;
 mod store_health;

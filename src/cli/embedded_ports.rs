@@ -1,0 +1,126 @@
+//! The embedded server's ports at the supervisor's start, and what to say
+//! when one is taken: its defaults (127.0.0.1:8888 and :8889) are a
+//! Bedrock server's own ports, so a BWM user next to a local Bedrock most
+//! likely wants `--server bedrock://…` instead. The Bedrock address is
+//! probed (a `Ping`, with a short timeout) to say what answers there.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::server::{self, ServerError};
+
+/// How long the probe of an occupied Bedrock address may take in all.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// What answered a `Ping` on the Bedrock address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A Bedrock server (`200` to a `Ping` without a token).
+    Bedrock,
+    /// A jobmgr server's Bedrock port (it wants the token).
+    Jobmgr,
+    /// Something that speaks the Bedrock protocol: its status line.
+    Other(String),
+    /// Nothing usable (refused, silent, not the protocol).
+    Nothing,
+}
+
+/// Binds `addr` for the embedded server's `port` ("HTTP" or "Bedrock");
+/// when the address is in use, the error says what probably holds it
+/// (probing `bedrock_addr`) and which flags move the ports.
+pub async fn bind(addr: &str, port: &str, bedrock_addr: &str) -> Result<TcpListener, ServerError> {
+    match server::bind(addr).await {
+        Err(ServerError::Bind { addr, source })
+            if source.kind() == std::io::ErrorKind::AddrInUse =>
+        {
+            let answer = probe(bedrock_addr).await;
+            Err(ServerError::PortTaken {
+                advice: advice(port, bedrock_addr, &answer),
+                addr,
+            })
+        }
+        other => other,
+    }
+}
+
+/// The advice for a taken port, given what answers on the Bedrock address.
+pub fn advice(port: &str, bedrock_addr: &str, answer: &Answer) -> String {
+    let found = match answer {
+        Answer::Bedrock => format!(
+            "a Bedrock server answers on {bedrock_addr}: to take its jobs, run with --server bedrock://{bedrock_addr}"
+        ),
+        Answer::Jobmgr => format!(
+            "a jobmgr server answers on {bedrock_addr}: to take its jobs, run with --server http://HOST:PORT (its HTTP port) and its token"
+        ),
+        Answer::Other(status) => format!(
+            "something speaking the Bedrock protocol answers on {bedrock_addr} ({status:?}); if that is a Bedrock server, run with --server bedrock://{bedrock_addr}"
+        ),
+        Answer::Nothing => format!(
+            "these are a Bedrock server's own ports: if a Bedrock server runs here, run with --server bedrock://{bedrock_addr}"
+        ),
+    };
+    format!(
+        "the embedded server's {port} port is taken; {found}; or move the embedded server's ports with --http ADDR and --bedrock ADDR (or \"none\"), keys http and bedrock, JOBMGR_HTTP and JOBMGR_BEDROCK"
+    )
+}
+
+/// Sends a Bedrock `Ping` to `addr` and reads the status line, within
+/// [`PROBE_TIMEOUT`].
+pub async fn probe(addr: &str) -> Answer {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream.write_all(b"Ping\r\n\r\n").await.ok()?;
+        let mut head = Vec::new();
+        let mut buf = [0u8; 512];
+        while !head.contains(&b'\n') && head.len() < 4096 {
+            let n = stream.read(&mut buf).await.ok()?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&head);
+        Some(text.lines().next().unwrap_or_default().trim().to_string())
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, exchange).await {
+        Ok(Some(line)) => classify(&line),
+        _ => Answer::Nothing,
+    }
+}
+
+/// What a status line says about the server that sent it.
+fn classify(line: &str) -> Answer {
+    let code = line.split(' ').next().unwrap_or_default();
+    if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_digit()) {
+        return Answer::Nothing;
+    }
+    if code == "200" {
+        return Answer::Bedrock;
+    }
+    if line.contains("send the server's token") {
+        return Answer::Jobmgr;
+    }
+    Answer::Other(line.chars().take(100).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_are_told_apart() {
+        assert_eq!(classify("200 OK"), Answer::Bedrock);
+        assert_eq!(
+            classify("401 Unauthorized: send the server's token in a Token header"),
+            Answer::Jobmgr
+        );
+        assert_eq!(
+            classify("404 Unknown command"),
+            Answer::Other("404 Unknown command".into())
+        );
+        assert_eq!(classify("HTTP/1.1 400 Bad Request"), Answer::Nothing);
+        assert_eq!(classify(""), Answer::Nothing);
+    }
+}
