@@ -123,7 +123,15 @@ cp "$deb" "$root/tmp/jobmgr.deb"
 in_root dpkg -i /tmp/jobmgr.deb
 in_root jobmgr --version | tee "$tmp/version"
 grep -q "${version%%-*}" "$tmp/version" || fail "jobmgr --version does not say $version"
-in_root jobmgr check-config | tee "$tmp/check-config"
+# check-config makes start's checks: the shipped worker path does not exist
+# yet, so it refuses (as the service would); --offline: no server runs here.
+if in_root jobmgr check-config --offline >/dev/null 2>"$tmp/refused"; then
+    fail "check-config passed a worker path that does not exist"
+fi
+grep -q "pass an existing directory as --worker-path" "$tmp/refused" ||
+    fail "check-config does not say the worker path is missing: $(cat "$tmp/refused")"
+in_root install -d -m 0755 /srv/jobmgr/workers
+in_root jobmgr check-config --offline | tee "$tmp/check-config"
 grep -q '^worker-path = "/srv/jobmgr/workers" *# file /etc/jobmgr/jobmgr.toml' "$tmp/check-config" ||
     fail "check-config does not read /etc/jobmgr/jobmgr.toml"
 in_root getent passwd jobmgr || fail "the jobmgr user was not created"
@@ -149,7 +157,7 @@ mv "$tmp/systemctl" "$root/usr/local/bin/systemctl"
 step "a drop-in and an edited config survive an upgrade"
 printf 'max-workers = 3\n' >"$root/etc/jobmgr/conf.d/10-fleet.toml"
 printf '\n# edited by the operator\nmax-load = 7.5\n' >>"$root/etc/jobmgr/jobmgr.toml"
-in_root jobmgr check-config >"$tmp/check-config"
+in_root jobmgr check-config --offline >"$tmp/check-config"
 grep -q '^max-workers = 3 *# file /etc/jobmgr/conf.d/10-fleet.toml' "$tmp/check-config" ||
     fail "check-config does not read the conf.d drop-in"
 cp "$root/etc/jobmgr/jobmgr.toml" "$tmp/edited.toml"

@@ -1,13 +1,15 @@
 //! `jobmgr check-config`: loads the configuration as the supervisor would
-//! (files, `JOBMGR_*` variables, flags), checks it, and prints the effective
-//! settings with where each value came from.
+//! (files, `JOBMGR_*` variables, flags), makes every check the supervisor's
+//! start makes (the same code: [`super::start_checks`]), verifies the
+//! server unless `--offline`, and prints the effective settings with where
+//! each value came from.
 
 use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory};
 
-use super::CliError;
+use super::{CliError, start_checks};
 use crate::config::{self, Layer, SupervisorOptions};
 use crate::supervisor::Settings;
 
@@ -17,6 +19,20 @@ pub struct CheckConfigArgs {
     /// The main configuration file [default: /etc/jobmgr/jobmgr.toml, if it exists]; conf.d/*.toml beside it follow.
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+    /// Skip the server check (no connection is made; with the embedded server, its store's directory and ports are not checked): for a package build or an image where no server runs.
+    #[arg(long)]
+    pub offline: bool,
+    /// The API token to verify the server with [default: the one in --token-file]
+    #[arg(
+        long,
+        env = "JOBMGR_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// Also trust this CA certificate (PEM) for an https:// --server.
+    #[arg(long, env = "JOBMGR_CA_CERT", value_name = "PEM")]
+    pub ca_cert: Option<PathBuf>,
     /// Supervisor options, as they would be given to the supervisor.
     #[command(flatten)]
     pub options: SupervisorOptions,
@@ -62,24 +78,26 @@ fn source_of(key: &str, cli: &[(String, String)], layers: &[Layer]) -> String {
     "default".into()
 }
 
-/// Checks and prints the configuration. Exit 0 when valid; a bad file or
-/// value is a usage error (exit 2) with the file, line and key.
-pub fn run(args: CheckConfigArgs) -> Result<(), CliError> {
+/// Checks and prints the configuration. Exit 0 when valid (and the server
+/// verified); a bad file or value, or anything else the supervisor's start
+/// would refuse, is a usage error (exit 2) with the file, line and key; a
+/// server that cannot be reached or refuses the token (or, for the
+/// embedded server, a store directory that is not writable or a port that
+/// is taken) is exit 1.
+pub async fn run(args: CheckConfigArgs) -> Result<(), CliError> {
     let layers =
         config::load_layers(args.config.as_deref()).map_err(|e| CliError::Usage(e.to_string()))?;
     let options = args.options.clone().over(config::merge_layers(&layers));
-    let db = options
-        .db
-        .clone()
-        .unwrap_or_else(crate::server::default_db_path);
-    let state_dir = db
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let plan = start_checks::check(options)?;
+    let verified = if args.offline {
+        "skipped (--offline)".to_string()
+    } else {
+        start_checks::verify(&plan, args.token.as_deref(), args.ca_cert.as_deref()).await?
+    };
+    let options = plan.options.clone();
+    let (db, state_dir) = (plan.db.clone(), plan.state_dir.clone());
     let settings =
         Settings::resolve(&options, &state_dir).map_err(|e| CliError::Usage(e.to_string()))?;
-    // Each pool must resolve too.
-    Settings::resolve_pools(&options, &state_dir).map_err(|e| CliError::Usage(e.to_string()))?;
     let cli = command_line_sources();
 
     println!("# jobmgr: effective supervisor configuration");
@@ -194,6 +212,7 @@ pub fn run(args: CheckConfigArgs) -> Result<(), CliError> {
         });
         println!("[[pool]] {}  # {source}", inline(pool));
     }
+    println!("# server check: {verified}");
     println!("# ok: the configuration is valid");
     Ok(())
 }

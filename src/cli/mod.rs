@@ -10,6 +10,7 @@ mod server;
 mod service;
 mod shell;
 mod signals;
+mod start_checks;
 mod status;
 mod supervise;
 
@@ -145,7 +146,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Some(Command::Failures(args)) => reports::failures(args).await,
         Some(Command::Workers(args)) => reports::workers(args).await,
         Some(Command::Purge(args)) => reports::purge(args).await,
-        Some(Command::CheckConfig(args)) => check_config::run(*args),
+        Some(Command::CheckConfig(args)) => check_config::run(*args).await,
         Some(Command::Completions(args)) => shell::completions(args),
         Some(Command::Status(args)) => status::run(*args),
         Some(Command::Man) => shell::man(),

@@ -51,23 +51,15 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         Signals::register().map_err(|e| CliError::Usage(format!("cannot watch signals: {e}")))?;
     super::warn_if_token_in_argv();
     let options = effective(&args).map_err(|e| CliError::Usage(e.to_string()))?;
-    let db = options.db.clone().unwrap_or_else(server::default_db_path);
-    let token_file = options
-        .token_file
-        .clone()
-        .unwrap_or_else(|| crate::auth::default_token_file(&db));
-    let state_dir = db
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let pools = Settings::resolve_pools(&options, &state_dir)
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    for settings in &pools {
-        // Fail early and clearly on a missing worker path.
-        crate::supervisor::worker_path::WorkerPath::new(&settings.worker_path).map_err(|e| {
-            CliError::Usage(format!("{e}; pass an existing directory as --worker-path"))
-        })?;
-    }
+    // The very checks `jobmgr check-config` makes.
+    let plan = super::start_checks::check(options)?;
+    let options = plan.options.clone();
+    let (db, token_file, state_dir) = (
+        plan.db.clone(),
+        plan.token_file.clone(),
+        plan.state_dir.clone(),
+    );
+    let pools = plan.pools.clone();
 
     let mut embedded = None;
     let source: Arc<dyn JobSource> = match options.server.as_deref() {
@@ -86,11 +78,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
                 http_limits: server::http::Limits::default(),
                 tls: None,
                 clock_file: None,
-                browser: crate::server::http::BrowserPolicy::new(
-                    options.allowed_hosts.clone().unwrap_or_default(),
-                    options.allowed_origins.clone().unwrap_or_default(),
-                )
-                .map_err(|e| CliError::Usage(e.to_string()))?,
+                browser: plan.browser.clone(),
             };
             let http_addr = options
                 .http
@@ -127,12 +115,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             Arc::new(LocalSource::new(queue))
         }
         Some(url) => {
-            let explicit = options.token_file.as_deref();
-            let mut defaults = vec![token_file.clone()];
-            defaults.extend(crate::auth::default_client_files());
-            defaults.dedup();
-            let token = crate::auth::for_client(args.token.as_deref(), explicit, &defaults, url)
-                .map_err(server::ServerError::from)?;
+            let token = super::start_checks::client_token(&plan, args.token.as_deref(), url)?;
             let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
             let source = connect(url, token, args.ca_cert.as_deref())?;
             println!(

@@ -74,6 +74,10 @@ pub enum ServerError {
         /// What probably holds it, and which flags move the ports.
         advice: String,
     },
+    /// `jobmgr check-config` could not verify the server (or the embedded
+    /// server's store and ports).
+    #[error("{0}")]
+    Unverified(String),
     /// The API token could not be had.
     #[error(transparent)]
     Token(#[from] crate::auth::TokenError),

@@ -165,6 +165,19 @@ pub(crate) struct Generation {
     slots: Vec<Option<Arc<tokio::sync::Semaphore>>>,
 }
 
+/// Checks the sandboxes `settings` ask for (user, group, worker uids,
+/// namespaces, Landlock, private-tmp paths), as a pool's start does, for
+/// `jobmgr check-config` and before the start. Cgroup limits are left to
+/// the start: probing them makes cgroups.
+pub fn check_sandboxes(settings: &Settings) -> Result<(), String> {
+    let mut settings = settings.clone();
+    settings.job.sandbox.cgroup = Default::default();
+    for (_, job) in &mut settings.rules {
+        job.sandbox.cgroup = Default::default();
+    }
+    Generation::build(Arc::new(settings), &Err("not probed".into())).map(|_| ())
+}
+
 impl Generation {
     fn build(
         settings: Arc<Settings>,

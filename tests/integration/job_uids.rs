@@ -476,6 +476,7 @@ fn a_range_systemd_or_root_may_use_is_refused_at_start() {
         let output = jobmgr_in(dir.path())
             .args([
                 "check-config",
+                "--offline",
                 "--worker-path",
                 "/tmp",
                 "--worker-uids",
@@ -489,6 +490,7 @@ fn a_range_systemd_or_root_may_use_is_refused_at_start() {
     let output = jobmgr_in(dir.path())
         .args([
             "check-config",
+            "--offline",
             "--worker-path",
             "/tmp",
             "--worker-uids",

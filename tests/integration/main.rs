@@ -9,6 +9,7 @@ mod bedrock_leases;
 mod bedrock_limits;
 mod browser_safety;
 mod chaos;
+mod check_config_verify;
 mod children;
 mod cli;
 mod clock_step;
