@@ -196,3 +196,40 @@ fn a_repeating_job_without_its_worker_moves_on_to_its_next_time_and_is_not_faile
         sup.stderr()
     );
 }
+
+#[test]
+fn over_bedrock_the_hand_backs_and_their_clock_travel_in_the_jobs_data() {
+    let server = Server::start();
+    let api = server.api();
+    let url = format!("bedrock://{}", server.bedrock);
+    let sup = Supervisor::builder(&url)
+        .arg("--no-worker-timeout")
+        .arg("1h")
+        .start();
+    let id = api.create(json!({"name": "ViaBedrock"}));
+    let job = wait_hand_backs(&api, &sup, id, 2);
+    assert_ne!(job["state"], "FAILED", "{job}");
+    assert!(details(&job)["noWorkerSince"].is_string(), "{job}");
+    deploy(&sup.workers(), "ViaBedrock", SAYS_ATTEMPT);
+    let history = wait_archived(&api, &sup, id);
+    assert_eq!(history["archived"]["state"], "FINISHED", "{history}");
+    assert_eq!(
+        history["archived"]["data"],
+        json!({"ranAttempt": 1}),
+        "no attempt counted for the hand-backs: {history}"
+    );
+    // Past the timeout over bedrock:// too: FAILED as no_worker.
+    let short = Supervisor::builder(&url)
+        .arg("--job-name")
+        .arg("short/*")
+        .arg("--no-worker-timeout")
+        .arg("2s")
+        .start();
+    let gone = api.create(json!({"name": "short/Gone"}));
+    let job = wait_state(&api, &short, gone, "FAILED");
+    assert_eq!(details(&job)["outcome"], "no_worker", "{job}");
+    assert!(
+        details(&job)["noWorkerHandBacks"].as_i64().unwrap_or(0) >= 1,
+        "{job}"
+    );
+}
