@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use super::{Queue, rules};
 use crate::protocol::view::query_json;
 use crate::protocol::{Job, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
-use crate::server::ledger::record;
+use crate::server::ledger::{failure, record};
 use crate::server::ledger::retention::millis;
 use crate::server::ledger::utilisation::heard_span;
 use crate::server::ledger::{
@@ -388,15 +388,16 @@ impl Queue {
         self.read(|tx| tx.ledger().failure_groups()).await
     }
 
-    /// Up to `limit` FAILED jobs of a group, earliest failure first.
-    /// At most about `max_bytes` of names and data (at least one job);
-    /// the flag says whether jobs were left out for that.
+    /// Up to `limit` FAILED jobs of a group, earliest failure first, each
+    /// with its error (see [`failure::error_line`]). At most about
+    /// `max_bytes` of names and data (at least one job); the flag says
+    /// whether jobs were left out for that.
     pub async fn failed_jobs(
         &self,
         group: String,
         limit: usize,
         max_bytes: usize,
-    ) -> Result<(Vec<Job>, bool), JobError> {
+    ) -> Result<(Vec<(Job, Option<String>)>, bool), JobError> {
         self.read(move |tx| {
             let ids = tx.ledger().failed_in_group(&group, limit)?;
             let mut jobs = Vec::with_capacity(ids.len().min(1024));
@@ -408,7 +409,9 @@ impl Queue {
                 if bytes > max_bytes && !jobs.is_empty() {
                     return Ok((jobs, true));
                 }
-                jobs.push(job);
+                let attempts = tx.ledger().attempts(id)?;
+                let error = failure::error_line(&job.data, attempts.last());
+                jobs.push((job, error));
             }
             Ok((jobs, false))
         })

@@ -11,7 +11,7 @@ use crate::server::ledger::{
 };
 
 const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
-     failure, exit_code, signal, stdout, stderr";
+     failure, exit_code, signal, stdout, stderr, stdout_bytes, stderr_bytes";
 
 fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
     let outcome: Option<String> = row.get(7)?;
@@ -31,6 +31,8 @@ fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
                 signal: row.get(10)?,
                 stdout: row.get(11)?,
                 stderr: row.get(12)?,
+                stdout_bytes: row.get::<_, Option<i64>>(13)?.map(|n| n.max(0) as u64),
+                stderr_bytes: row.get::<_, Option<i64>>(14)?.map(|n| n.max(0) as u64),
             }),
             None => None,
         },
@@ -317,7 +319,8 @@ impl LedgerTx for SqliteTx<'_> {
         self.conn
             .prepare_cached(
                 "UPDATE attempts SET ended = ?2, outcome = ?3, failure = ?4, exit_code = ?5, \
-                 signal = ?6, stdout = ?7, stderr = ?8 WHERE job_id = ?1 AND ended IS NULL \
+                 signal = ?6, stdout = ?7, stderr = ?8, stdout_bytes = ?9, stderr_bytes = ?10 \
+                 WHERE job_id = ?1 AND ended IS NULL \
                  RETURNING name, started, worker",
             )
             .map_err(store_error)?
@@ -331,6 +334,8 @@ impl LedgerTx for SqliteTx<'_> {
                     end.signal,
                     end.stdout,
                     end.stderr,
+                    end.stdout_bytes.map(|n| n.min(i64::MAX as u64) as i64),
+                    end.stderr_bytes.map(|n| n.min(i64::MAX as u64) as i64),
                 ],
                 |row| {
                     Ok(OpenAttempt {
