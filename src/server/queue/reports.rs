@@ -16,7 +16,7 @@ use crate::server::ledger::utilisation::heard_span;
 use crate::server::ledger::{
     ArchivedJob, Attempt, FailureGroup, HOUR_MS, PurgeCounts, StatsRow, WorkerStatsRow,
 };
-use crate::server::store::PurgeLimits;
+use crate::server::store::{ArchiveQuery, PurgeLimits};
 
 /// One day in milliseconds.
 const DAY_MS: i64 = 24 * HOUR_MS;
@@ -379,6 +379,31 @@ impl Queue {
                 });
             }
             Ok(views)
+        })
+        .await
+    }
+
+    /// Ended jobs in id order, as `query` asks, within about `max_bytes`
+    /// of names and data (at least one job); the flag says whether the
+    /// page stopped there before its limit.
+    pub async fn archived_jobs(
+        &self,
+        query: ArchiveQuery,
+        max_bytes: usize,
+    ) -> Result<(Vec<ArchivedJob>, bool), JobError> {
+        self.read(move |tx| {
+            let jobs = tx.ledger().archived_list(&query)?;
+            let mut bytes = 0usize;
+            let mut kept = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                bytes += job.name.len()
+                    + serde_json::to_vec(&job.data).map_or(0, |encoded| encoded.len());
+                if bytes > max_bytes && !kept.is_empty() {
+                    return Ok((kept, true));
+                }
+                kept.push(job);
+            }
+            Ok((kept, false))
         })
         .await
     }

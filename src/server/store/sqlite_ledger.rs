@@ -2,6 +2,7 @@
 
 use rusqlite::{OptionalExtension, Row, params};
 
+use super::ArchiveQuery;
 use super::ledger::{LedgerTx, PurgeLimits};
 use super::sqlite::{FailingTx, SqliteTx, store_error};
 use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
@@ -117,6 +118,8 @@ fn read_summary(row: &Row<'_>, at: usize) -> rusqlite::Result<Summary> {
         max: row.get::<_, Option<f64>>(at + 4)?.unwrap_or(0.0),
     })
 }
+
+const ARCHIVE_COLUMNS: &str = "job_id, name, state, data, created, ended, attempts, failure";
 
 fn read_archived(row: &Row<'_>) -> rusqlite::Result<ArchivedJob> {
     let data: String = row.get(3)?;
@@ -408,14 +411,22 @@ impl LedgerTx for SqliteTx<'_> {
 
     fn archived(&mut self, job_id: JobId) -> Result<Option<ArchivedJob>, JobError> {
         self.conn
-            .prepare_cached(
-                "SELECT job_id, name, state, data, created, ended, attempts, failure \
-                 FROM archive WHERE job_id = ?1",
-            )
+            .prepare_cached(&format!(
+                "SELECT {ARCHIVE_COLUMNS} FROM archive WHERE job_id = ?1"
+            ))
             .map_err(store_error)?
             .query_row([job_id], read_archived)
             .optional()
             .map_err(store_error)
+    }
+
+    fn archived_list(&mut self, query: &ArchiveQuery) -> Result<Vec<ArchivedJob>, JobError> {
+        let (sql, params) = super::archive_listing::archive_sql(ARCHIVE_COLUMNS, query);
+        let mut statement = self.conn.prepare_cached(&sql).map_err(store_error)?;
+        let rows = statement
+            .query_map(rusqlite::params_from_iter(params), read_archived)
+            .map_err(store_error)?;
+        rows.collect::<Result<_, _>>().map_err(store_error)
     }
 
     fn set_failure(&mut self, job_id: JobId, group: &str, at: Timestamp) -> Result<(), JobError> {
@@ -758,6 +769,9 @@ impl LedgerTx for FailingTx {
         Err(self.0.clone())
     }
     fn archived(&mut self, _: JobId) -> Result<Option<ArchivedJob>, JobError> {
+        Err(self.0.clone())
+    }
+    fn archived_list(&mut self, _: &ArchiveQuery) -> Result<Vec<ArchivedJob>, JobError> {
         Err(self.0.clone())
     }
     fn set_failure(&mut self, _: JobId, _: &str, _: Timestamp) -> Result<(), JobError> {
