@@ -106,9 +106,13 @@ pub async fn list(
 /// kept, marked `"archived": true`, with a pointer to `job history ID`.
 /// `NotFound` when the archive has nothing either.
 pub async fn query(client: &HttpClient, format: Format, id: i64) -> Result<(), CliError> {
-    let history = client
+    let history = match client
         .quick(Method::GET, &format!("/jobs/{id}/history"), None)
-        .await?;
+        .await
+    {
+        Err(error) if error.is_not_found() => Value::Null,
+        history => history?,
+    };
     let Value::Object(mut ended) = history["archived"].clone() else {
         return Err(CliError::NotFound(format!(
             "No job with this jobID: {id} is neither queued nor in the archive (never created, deleted, or purged by retention)"

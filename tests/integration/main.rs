@@ -3,6 +3,7 @@
 
 mod common;
 
+mod archive;
 mod bedrock;
 mod bedrock_client;
 mod bedrock_leases;
