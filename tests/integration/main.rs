@@ -35,6 +35,7 @@ mod metrics;
 mod one_server_per_file;
 mod openapi;
 mod operations;
+mod output_visibility;
 mod repeat;
 mod sandbox;
 mod store_health;
