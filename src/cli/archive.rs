@@ -42,7 +42,13 @@ fn time_arg(flag: &str, text: &str) -> Result<String, CliError> {
     match humantime::parse_duration(text.trim()) {
         Ok(ago) => {
             let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
-            Ok(Timestamp(Timestamp::now().0.saturating_sub(ms).max(Timestamp::EARLIEST.0)).to_string())
+            Ok(Timestamp(
+                Timestamp::now()
+                    .0
+                    .saturating_sub(ms)
+                    .max(Timestamp::EARLIEST.0),
+            )
+            .to_string())
         }
         Err(_) => Err(CliError::Usage(format!(
             "--{flag} {text:?} is not a time: give \"YYYY-MM-DD HH:MM:SS\" (UTC) or a duration ago such as 2h or 7days"
@@ -152,6 +158,9 @@ mod tests {
         let expected = Timestamp::now().0 - 7_200_000;
         assert!((ago.0 - expected).abs() < 60_000, "{ago:?}");
         let error = time_arg("until", "yesterday-ish").unwrap_err().to_string();
-        assert!(error.contains("--until") && error.contains("YYYY-MM-DD"), "{error}");
+        assert!(
+            error.contains("--until") && error.contains("YYYY-MM-DD"),
+            "{error}"
+        );
     }
 }

@@ -341,7 +341,10 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
         JobCommand::Query { id } => {
             let (client, format) = client(connection)?;
             let id = id_arg(&id)?;
-            let answer = match client.quick(Method::GET, &format!("/jobs/{id}"), None).await {
+            let answer = match client
+                .quick(Method::GET, &format!("/jobs/{id}"), None)
+                .await
+            {
                 Err(error) if error.is_not_found() => {
                     return super::archive::query(&client, format, id).await;
                 }
@@ -504,12 +507,8 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             until,
         } => {
             let (client, format) = client(connection)?;
-            if super::archive::wanted(
-                archived,
-                state.as_deref(),
-                since.is_some(),
-                until.is_some(),
-            ) {
+            if super::archive::wanted(archived, state.as_deref(), since.is_some(), until.is_some())
+            {
                 let listing = super::archive::ArchiveListing {
                     name,
                     state,

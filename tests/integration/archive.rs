@@ -47,7 +47,10 @@ fn a_finished_job_is_queried_from_the_archive_with_a_pointer_to_its_history() {
 
     let (code, text, stderr) = cli(&server, &["query", &id.to_string(), "--format", "text"]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(text.contains("FINISHED") && text.contains("mail/send"), "{text}");
+    assert!(
+        text.contains("FINISHED") && text.contains("mail/send"),
+        "{text}"
+    );
     assert!(text.contains("archived: true"), "{text}");
     assert!(
         stderr.contains(&format!("jobmgr job history {id}")),
@@ -55,16 +58,32 @@ fn a_finished_job_is_queried_from_the_archive_with_a_pointer_to_its_history() {
     );
     let answer = json_of(&["query", &id.to_string()], &server);
     assert_eq!(
-        [&answer["jobID"], &answer["state"], &answer["archived"], &answer["data"]],
-        [&json!(id), &json!("FINISHED"), &json!(true), &json!({"n": "mail/send"})],
+        [
+            &answer["jobID"],
+            &answer["state"],
+            &answer["archived"],
+            &answer["data"]
+        ],
+        [
+            &json!(id),
+            &json!("FINISHED"),
+            &json!(true),
+            &json!({"n": "mail/send"})
+        ],
         "{answer}"
     );
-    assert!(answer["ended"].as_str().is_some_and(|e| !e.is_empty()), "{answer}");
+    assert!(
+        answer["ended"].as_str().is_some_and(|e| !e.is_empty()),
+        "{answer}"
+    );
 
     // A job that never was: still "not found", exit 3, saying where it looked.
     let (code, _, stderr) = cli(&server, &["query", "999999"]);
     assert_eq!(code, 3, "{stderr}");
-    assert!(stderr.contains("neither queued nor in the archive"), "{stderr}");
+    assert!(
+        stderr.contains("neither queued nor in the archive"),
+        "{stderr}"
+    );
 
     // The Bedrock port answers QueryJob exactly as Bedrock does.
     let reply = bedrock_exchange(
@@ -103,7 +122,10 @@ fn archived_jobs_are_listed_by_state_name_glob_time_and_page() {
     let mut all_mail = vec![early, failed];
     all_mail.extend(&late);
     assert_eq!(ids(&mail), all_mail, "{mail}");
-    let send = json_of(&["list", "--name", "mail/s?nd", "--state", "finished"], &server);
+    let send = json_of(
+        &["list", "--name", "mail/s?nd", "--state", "finished"],
+        &server,
+    );
     let mut all_send = vec![early];
     all_send.extend(&late);
     assert_eq!(ids(&send), all_send, "{send}");
@@ -124,17 +146,33 @@ fn archived_jobs_are_listed_by_state_name_glob_time_and_page() {
     assert_eq!(ids(&first), all_finished[..2], "{first}");
     let next = first["nextAfter"].as_i64().expect("nextAfter");
     let second = json_of(
-        &["list", "--state", "FINISHED", "--limit", "2", "--after", &next.to_string()],
+        &[
+            "list",
+            "--state",
+            "FINISHED",
+            "--limit",
+            "2",
+            "--after",
+            &next.to_string(),
+        ],
         &server,
     );
     assert_eq!(ids(&second), all_finished[2..4], "{second}");
     let (code, text, stderr) = cli(
         &server,
-        &["list", "--state", "FINISHED", "--limit", "2", "--format", "text"],
+        &[
+            "list", "--state", "FINISHED", "--limit", "2", "--format", "text",
+        ],
     );
     assert_eq!(code, 0, "{stderr}");
-    assert!(text.contains("ENDED") && text.contains("mail/send"), "{text}");
-    assert!(stderr.contains(&format!("--after {}", all_finished[1])), "{stderr}");
+    assert!(
+        text.contains("ENDED") && text.contains("mail/send"),
+        "{text}"
+    );
+    assert!(
+        stderr.contains(&format!("--after {}", all_finished[1])),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -162,7 +200,10 @@ fn bad_archive_listings_are_refused_with_what_to_do() {
     }
     let (code, _, stderr) = cli(&server, &["list", "--since", "last tuesday"]);
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("--since") && stderr.contains("YYYY-MM-DD"), "{stderr}");
+    assert!(
+        stderr.contains("--since") && stderr.contains("YYYY-MM-DD"),
+        "{stderr}"
+    );
     let (code, _, stderr) = cli(&server, &["list", "--archived", "--limit", "99999"]);
     assert_ne!(code, 0);
     assert!(stderr.contains("limit must be 1 to 1000"), "{stderr}");

@@ -41,7 +41,10 @@ fn a_large_output_is_shown_with_its_sizes_and_said_to_be_cut() {
     assert_eq!(attempt["stdoutBytes"], 10_000_000 + 1 + 15, "{attempt}");
     assert_eq!(attempt["stderrBytes"], 12, "{attempt}");
     let kept = attempt["stdout"].as_str().unwrap();
-    assert!(kept.len() <= 4096 && kept.ends_with("{\"done\": true}\n"), "{kept:?}");
+    assert!(
+        kept.len() <= 4096 && kept.ends_with("{\"done\": true}\n"),
+        "{kept:?}"
+    );
 
     let text = history(&server, id, "text");
     assert!(
@@ -84,8 +87,7 @@ fn a_failures_last_stderr_line_is_in_the_log_and_in_its_failure_group() {
     assert!(line.contains("\\u{1b}[31mNo such file"), "{line}");
 
     // `failures GROUP` shows it next to the id, in text and JSON.
-    let (code, text, stderr) =
-        client_command(&server, &["failures", "exit:7", "--format", "text"]);
+    let (code, text, stderr) = client_command(&server, &["failures", "exit:7", "--format", "text"]);
     assert_eq!(code, 0, "{stderr}");
     let row = text
         .lines()
@@ -98,8 +100,7 @@ fn a_failures_last_stderr_line_is_in_the_log_and_in_its_failure_group() {
     let (_, group) = api.get("/failures/exit:7");
     assert_eq!(group["jobs"][0]["jobID"], id, "{group}");
     assert_eq!(
-        group["jobs"][0]["error"],
-        "cannot open /data/in.csv: \\u{1b}[31mNo such file",
+        group["jobs"][0]["error"], "cannot open /data/in.csv: \\u{1b}[31mNo such file",
         "{group}"
     );
 }

@@ -1,7 +1,7 @@
 //! `GET /archive`: jobs that ended (FINISHED, or FAILED), found by name
 //! GLOB, final state and the time they ended, paged by id. Finished jobs
 //! leave the queue, so `GET /jobs` no longer has them; the archive keeps
-//! them as long as retention does (`--history-days`, `--history-max-count`).
+//! them as long as retention does (`--history-max-age`, `--history-max-count`).
 
 use axum::Json;
 use axum::extract::State;

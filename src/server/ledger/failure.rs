@@ -211,10 +211,7 @@ mod tests {
                 ..AttemptEnd::default()
             }),
         };
-        assert_eq!(
-            error_line(&reason, Some(&attempt)).as_deref(),
-            Some("boom")
-        );
+        assert_eq!(error_line(&reason, Some(&attempt)).as_deref(), Some("boom"));
         assert_eq!(error_line(&Data::new(), None), None);
     }
 

@@ -191,7 +191,10 @@ mod tests {
                 .map(Result::unwrap)
                 .collect()
         };
-        assert_eq!(ids(&glob("job-3*")), [3, 31, 32, 33, 34, 35, 36, 37, 38, 39]);
+        assert_eq!(
+            ids(&glob("job-3*")),
+            [3, 31, 32, 33, 34, 35, 36, 37, 38, 39]
+        );
         assert_eq!(ids(&glob("*-20")), [20]);
         let failed_window = ArchiveQuery {
             state: Some(JobState::Failed),
