@@ -95,7 +95,8 @@ pub enum JobCommand {
         #[arg(long, value_name = "P")]
         priority: Option<i64>,
     },
-    /// Show a job.
+    /// Show a job; one that ended and left the queue is shown from the
+    /// archive (marked archived), with a pointer to `job history`.
     Query {
         /// The jobID.
         id: String,
@@ -201,20 +202,30 @@ pub enum JobCommand {
         #[arg(long, value_name = "NAME")]
         name: Option<String>,
     },
-    /// List jobs in id order.
+    /// List jobs in id order: the queue's, or with --archived (implied by
+    /// --state FINISHED, --since and --until) the ones that ended.
     List {
         /// Only names matching this GLOB (or comma list).
         #[arg(long, value_name = "GLOB")]
         name: Option<String>,
-        /// Only jobs in this state.
+        /// Only jobs in this state (FINISHED reads the archive; so does FAILED with --archived).
         #[arg(long, value_name = "STATE")]
         state: Option<String>,
-        /// At most this many.
+        /// At most this many (the archive answers at most 1000 a page).
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
         /// Only jobs with an id above this.
         #[arg(long, value_name = "ID")]
         after: Option<i64>,
+        /// List jobs that ended (FINISHED or FAILED) from the archive, as long as retention keeps them.
+        #[arg(long)]
+        archived: bool,
+        /// Only jobs that ended at or after this: "YYYY-MM-DD HH:MM:SS" UTC, or a duration ago such as 2h [implies --archived].
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Only jobs that ended before this (as --since) [implies --archived].
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
     },
 }
 
@@ -329,9 +340,16 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
         }
         JobCommand::Query { id } => {
             let (client, format) = client(connection)?;
-            let answer = client
-                .quick(Method::GET, &format!("/jobs/{}", id_arg(&id)?), None)
-                .await?;
+            let id = id_arg(&id)?;
+            let answer = match client
+                .quick(Method::GET, &format!("/jobs/{id}"), None)
+                .await
+            {
+                Err(error) if error.is_not_found() => {
+                    return super::archive::query(&client, format, id).await;
+                }
+                answer => answer?,
+            };
             match format {
                 Format::Json => print_value(&answer),
                 Format::Text => print_job(&answer),
@@ -484,8 +502,23 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             state,
             limit,
             after,
+            archived,
+            since,
+            until,
         } => {
             let (client, format) = client(connection)?;
+            if super::archive::wanted(archived, state.as_deref(), since.is_some(), until.is_some())
+            {
+                let listing = super::archive::ArchiveListing {
+                    name,
+                    state,
+                    since,
+                    until,
+                    limit,
+                    after,
+                };
+                return super::archive::list(&client, format, listing).await;
+            }
             let mut query: Vec<(&str, String)> = vec![("limit", limit.to_string())];
             if let Some(name) = name {
                 query.push(("name", name));

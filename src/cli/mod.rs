@@ -1,6 +1,7 @@
 //! The command line: `jobmgr server` runs the job server, `jobmgr job …`
 //! talks to one. Errors are mapped to exit codes in one place, [`exit_code`].
 
+mod archive;
 mod check_config;
 mod embedded_ports;
 mod job;

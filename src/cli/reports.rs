@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::CliError;
 use super::job::{Connection, client};
-use super::output::{Format, print_jobs, print_value};
+use super::output::{Format, print_value};
 
 /// Options of `jobmgr stats`.
 #[derive(Debug, Args)]
@@ -356,7 +356,7 @@ pub async fn failures(args: FailuresArgs) -> Result<(), CliError> {
         .await?;
     match format {
         Format::Json => print_value(&answer),
-        Format::Text => print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[])),
+        Format::Text => print_failed(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[])),
     }
     Ok(())
 }
@@ -419,6 +419,82 @@ pub async fn purge(args: PurgeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A failure group's jobs as a table: each with its error (the last line
+/// of its stderr, or the reason it never ran).
+fn print_failed(jobs: &[Value]) {
+    println!(
+        "{:>10}  {:<23}  {:<30}  ERROR",
+        "JOBID", "FAILED RUN", "NAME"
+    );
+    for job in jobs {
+        println!(
+            "{:>10}  {:<23}  {:<30}  {}",
+            job["jobID"].to_string(),
+            job["lastRun"].as_str().unwrap_or("-"),
+            job["name"].as_str().unwrap_or(""),
+            job["error"].as_str().unwrap_or("-")
+        );
+    }
+}
+
+/// `10.0 MB`, `4.0 KiB`, `12 bytes`: a size for people.
+fn size(bytes: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let b = bytes as f64;
+    if bytes < 1024 {
+        format!("{bytes} bytes")
+    } else if b < KIB * KIB {
+        format!("{:.1} KiB", b / KIB)
+    } else if b < KIB * KIB * KIB {
+        format!("{:.1} MiB", b / (KIB * KIB))
+    } else {
+        format!("{:.1} GiB", b / (KIB * KIB * KIB))
+    }
+}
+
+/// The heading of a stream in a history: its size, and how much of it
+/// the server kept when that is less than all of it.
+fn stream_heading(stream: &str, kept: &str, total: Option<u64>, shown_lines: usize) -> String {
+    let lines = kept.lines().count();
+    let shown = if lines > shown_lines {
+        format!("; the last {shown_lines} lines shown")
+    } else {
+        String::new()
+    };
+    match total {
+        Some(total) if total > kept.len() as u64 => format!(
+            "{stream} ({} in all, cut: the server kept the last {}{shown}):",
+            size(total),
+            size(kept.len() as u64)
+        ),
+        Some(total) => format!("{stream} ({}{shown}):", size(total)),
+        None if lines > shown_lines => format!("{stream} (the last {shown_lines} lines):"),
+        None => format!("{stream}:"),
+    }
+}
+
+/// How an attempt ended, in a few words: `exit 3`, `SIGSEGV`, `timeout
+/// (killed by SIGTERM after 30.0s)`, or its failure group.
+fn ending(attempt: &Value) -> String {
+    match (
+        &attempt["exitCode"],
+        &attempt["signal"],
+        &attempt["failure"],
+    ) {
+        (_, signal, Value::String(failure)) if failure == "timeout" => match signal {
+            Value::String(signal) => format!(
+                "timeout (killed by {signal} after {})",
+                secs(&attempt["runSecs"])
+            ),
+            _ => "timeout".into(),
+        },
+        (Value::Number(code), _, _) => format!("exit {code}"),
+        (_, Value::String(signal), _) => signal.clone(),
+        (_, _, Value::String(failure)) => failure.clone(),
+        _ => "-".into(),
+    }
+}
+
 /// The text form of a job's history.
 pub fn print_history(history: &Value) {
     let id = &history["jobID"];
@@ -446,16 +522,7 @@ pub fn print_history(history: &Value) {
         "#", "STARTED", "WAIT", "RUN", "OUTCOME", "EXIT"
     );
     for attempt in history["attempts"].as_array().into_iter().flatten() {
-        let exit = match (
-            &attempt["exitCode"],
-            &attempt["signal"],
-            &attempt["failure"],
-        ) {
-            (Value::Number(code), _, _) => format!("exit {code}"),
-            (_, Value::String(signal), _) => signal.clone(),
-            (_, _, Value::String(failure)) => failure.clone(),
-            _ => "-".into(),
-        };
+        let exit = ending(attempt);
         println!(
             "{:>3}  {:<23}  {:>8}  {:>8}  {:<12}  {:<16}  {}",
             cell(&attempt["attempt"]),
@@ -467,8 +534,9 @@ pub fn print_history(history: &Value) {
             attempt["worker"].as_str().unwrap_or("-")
         );
         for stream in ["stdout", "stderr"] {
+            let total = attempt[format!("{stream}Bytes")].as_u64();
             if let Some(text) = attempt[stream].as_str().filter(|t| !t.trim().is_empty()) {
-                println!("     {stream}:");
+                println!("     {}", stream_heading(stream, text, total, 10));
                 for line in text
                     .lines()
                     .rev()

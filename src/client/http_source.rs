@@ -22,6 +22,9 @@ pub struct HttpSource {
     /// older than this supervisor, during a rolling upgrade): from then on
     /// they are not sent.
     older_server: Arc<AtomicBool>,
+    /// Set once the server refused the output sizes in `run` (a server that
+    /// keeps run history but not the sizes): from then on they are left out.
+    no_output_sizes: Arc<AtomicBool>,
 }
 
 /// Whether the server refused a request for carrying `field`, which an older
@@ -47,6 +50,7 @@ impl HttpSource {
         Ok(HttpSource {
             client: HttpClient::trusting(url, token, ca_cert)?,
             older_server: Arc::new(AtomicBool::new(false)),
+            no_output_sizes: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -253,12 +257,29 @@ impl JobSource for HttpSource {
             let plain = Value::Object(body.clone());
             let sent = match run.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
                 Some(run) => {
+                    let mut run = run.clone();
+                    if self.no_output_sizes.load(Ordering::Relaxed) {
+                        (run.stdout_bytes, run.stderr_bytes) = (None, None);
+                    }
                     body.insert("run".into(), json!(run));
-                    match self
+                    let mut sent = self
                         .client
-                        .quick(Method::POST, &path, Some(&Value::Object(body)))
-                        .await
+                        .quick(Method::POST, &path, Some(&Value::Object(body.clone())))
+                        .await;
+                    if let Err(error) = &sent
+                        && (refused_field(error, "stdoutBytes")
+                            || refused_field(error, "stderrBytes"))
                     {
+                        // A server that keeps run history, without the sizes.
+                        self.no_output_sizes.store(true, Ordering::Relaxed);
+                        (run.stdout_bytes, run.stderr_bytes) = (None, None);
+                        body.insert("run".into(), json!(run));
+                        sent = self
+                            .client
+                            .quick(Method::POST, &path, Some(&Value::Object(body)))
+                            .await;
+                    }
+                    match sent {
                         Err(error) if refused_field(&error, "run") => {
                             // Never lose a report to a field the server does not know.
                             self.older_server.store(true, Ordering::Relaxed);
@@ -388,5 +409,13 @@ mod tests {
             message: "unknown field `run`".into(),
         };
         assert!(!refused_field(&other, "run"));
+        // A server that keeps run history but not the output sizes.
+        let sizes = ClientError::Api {
+            status: 400,
+            code: "invalid_request".into(),
+            message: "request body is not valid: unknown field `stdoutBytes`, expected one of `exitCode`, `signal`, `stdout`, `stderr` at line 1 column 90".into(),
+        };
+        assert!(refused_field(&sizes, "stdoutBytes"));
+        assert!(!refused_field(&sizes, "run"));
     }
 }

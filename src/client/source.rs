@@ -161,6 +161,7 @@ pub async fn refuse_unreadable<S: JobSource + ?Sized>(source: &S, unreadable: Ve
                 "not run: the supervisor cannot read its hand-out: {}",
                 bad.reason
             )),
+            ..RunFacts::default()
         };
         let report = Report::Fail { data: None };
         if let Err(error) = source

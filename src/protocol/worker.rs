@@ -92,6 +92,12 @@ pub struct RunFacts {
     /// The tail of its stderr.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr: Option<String>,
+    /// How many bytes it wrote to stdout in all (the tail may be less).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_bytes: Option<u64>,
+    /// How many bytes it wrote to stderr in all (the tail may be less).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_bytes: Option<u64>,
 }
 
 impl RunFacts {
@@ -137,6 +143,8 @@ mod tests {
             signal: Some("SIGKILL".into()),
             stdout: Some("x".repeat(MAX_RUN_OUTPUT)),
             stderr: None,
+            stdout_bytes: Some(10_000_000),
+            stderr_bytes: Some(0),
         };
         good.check().unwrap();
         for bad in [

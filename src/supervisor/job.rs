@@ -90,7 +90,17 @@ impl JobTask {
             Some(Report::Finish { .. }) => {
                 tracing::info!(?elapsed, attempt, "{}", decision.summary)
             }
-            _ => tracing::warn!(?elapsed, attempt, "{}", decision.summary),
+            // The worker's own last word on why, when it said one.
+            _ => match run
+                .as_ref()
+                .and_then(|run| run.stderr.as_deref())
+                .and_then(crate::server::ledger::failure::last_line)
+            {
+                Some(stderr) => {
+                    tracing::warn!(?elapsed, attempt, %stderr, "{}", decision.summary)
+                }
+                None => tracing::warn!(?elapsed, attempt, "{}", decision.summary),
+            },
         }
         if let Some(report) = decision.report {
             self.deliver(report, run).await;

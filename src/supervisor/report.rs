@@ -381,6 +381,8 @@ pub fn run_facts(finished: &Finished) -> RunFacts {
         signal,
         stdout: Some(tail(&finished.stdout.text)),
         stderr: Some(tail(&finished.stderr.text)),
+        stdout_bytes: Some(finished.stdout.total),
+        stderr_bytes: Some(finished.stderr.total),
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod archive;
 mod bedrock;
 mod bedrock_client;
 mod bedrock_leases;
@@ -36,6 +37,7 @@ mod no_worker;
 mod one_server_per_file;
 mod openapi;
 mod operations;
+mod output_visibility;
 mod port_conflict;
 mod repeat;
 mod sandbox;

@@ -3,6 +3,7 @@
 //! `/openapi.json`, the bearer-token check on every route but `/healthz`,
 //! and browser safety (see [`browser`]) on every request.
 
+mod archive;
 mod body;
 pub mod browser;
 mod error;
@@ -50,6 +51,7 @@ pub fn router(queue: Queue, token: ApiToken, browser: BrowserPolicy) -> Router {
         .route("/jobs/{id}/handback", post(routes::hand_back))
         .route("/dequeue", post(routes::dequeue))
         .route("/jobs/{id}/history", get(reports::history))
+        .route("/archive", get(archive::list))
         .route("/stats", get(reports::stats))
         .route("/stats/workers", get(reports::worker_stats))
         .route("/workers", get(reports::workers).post(reports::announce))

@@ -152,7 +152,14 @@ pub async fn failure_group(
     let (jobs, truncated) = queue
         .failed_jobs(name.clone(), limit, super::listen::MAX_PAGE_BYTES)
         .await?;
-    let jobs: Vec<Value> = jobs.iter().map(|j| Value::Object(query_json(j))).collect();
+    let jobs: Vec<Value> = jobs
+        .iter()
+        .map(|(job, error)| {
+            let mut out = query_json(job);
+            out.insert("error".into(), json!(error));
+            Value::Object(out)
+        })
+        .collect();
     let mut answer = json!({"group": name, "jobs": jobs});
     if truncated {
         // Fewer jobs than asked, to keep the answer under 8 MiB of data.

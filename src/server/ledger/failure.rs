@@ -64,6 +64,13 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
             .map(|s| tail(s, OUTPUT_TAIL_BYTES))
             .or_else(|| detail(stream))
     };
+    // The sizes the supervisor puts in its details (`outputBytes`).
+    let output_bytes = |stream: &str| {
+        details
+            .and_then(|d| d.get("outputBytes"))
+            .and_then(|sizes| sizes.get(stream))
+            .and_then(Value::as_u64)
+    };
     let kind = details
         .and_then(|d| d.get("outcome"))
         .and_then(Value::as_str)
@@ -80,6 +87,12 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
         signal,
         stdout: output("stdout", run.and_then(|r| r.stdout.as_ref())),
         stderr: output("stderr", run.and_then(|r| r.stderr.as_ref())),
+        stdout_bytes: run
+            .and_then(|r| r.stdout_bytes)
+            .or_else(|| output_bytes("stdout")),
+        stderr_bytes: run
+            .and_then(|r| r.stderr_bytes)
+            .or_else(|| output_bytes("stderr")),
     }
 }
 
@@ -108,6 +121,46 @@ fn group_of(kind: &str, exit_code: Option<i64>, signal: Option<&str>) -> String 
     }
 }
 
+/// The longest error line [`error_line`] gives, in characters.
+pub const ERROR_LINE_CHARS: usize = 200;
+
+/// A failed job's error in one line, for a listing: the last non-empty
+/// line of its last attempt's stderr, else the reason its details give
+/// (`_jobmgr.reason`, as for a worker that never ran), else none. Control
+/// characters are escaped and the line is cut (see [`last_line`]).
+pub fn error_line(data: &Data, last: Option<&super::Attempt>) -> Option<String> {
+    let stderr = last
+        .and_then(|a| a.end.as_ref())
+        .and_then(|end| end.stderr.as_deref());
+    let reason = || {
+        data.get(DETAILS_KEY)
+            .and_then(|d| d.get("reason"))
+            .and_then(Value::as_str)
+    };
+    last_line(stderr.filter(|s| !s.trim().is_empty()).or_else(reason)?)
+}
+
+/// The last non-empty line of `text` for a listing or a log line: control
+/// characters escaped (so that a worker cannot forge lines of a log or a
+/// terminal's colours), cut to [`ERROR_LINE_CHARS`] characters with `…`.
+pub fn last_line(text: &str) -> Option<String> {
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let line = line.trim_end_matches('\r');
+    let mut out = String::new();
+    for (count, c) in line.chars().enumerate() {
+        if count == ERROR_LINE_CHARS {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
 /// The last `max` bytes of `text`, starting on a character boundary.
 pub fn tail(text: &str, max: usize) -> String {
     if text.len() <= max {
@@ -124,6 +177,43 @@ pub fn tail(text: &str, max: usize) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_last_line_is_escaped_and_bounded() {
+        assert_eq!(
+            last_line("first\nboom: disk full\r\n\n  \n").as_deref(),
+            Some("boom: disk full")
+        );
+        assert_eq!(last_line(" \n\n"), None);
+        assert_eq!(
+            last_line("a\u{1b}[31mred\tx").as_deref(),
+            Some("a\\u{1b}[31mred\\tx")
+        );
+        let long = last_line(&"é".repeat(1000)).unwrap();
+        assert_eq!(long.chars().count(), ERROR_LINE_CHARS + 1);
+        assert!(long.ends_with('…'));
+    }
+
+    #[test]
+    fn a_failed_jobs_error_is_its_stderr_else_its_reason() {
+        let reason = data(json!({"outcome": "no_worker", "reason": "no worker x"}));
+        assert_eq!(error_line(&reason, None).as_deref(), Some("no worker x"));
+        let attempt = crate::server::ledger::Attempt {
+            job_id: 1,
+            name: "n".into(),
+            attempt: 1,
+            worker: None,
+            due: crate::protocol::Timestamp(0),
+            started: crate::protocol::Timestamp(0),
+            ended: None,
+            end: Some(AttemptEnd {
+                stderr: Some("x\nboom\n".into()),
+                ..AttemptEnd::default()
+            }),
+        };
+        assert_eq!(error_line(&reason, Some(&attempt)).as_deref(), Some("boom"));
+        assert_eq!(error_line(&Data::new(), None), None);
+    }
 
     fn data(details: Value) -> Data {
         let mut data = Data::new();
@@ -169,6 +259,7 @@ mod tests {
             signal: None,
             stdout: Some("sent 3 mails\n".into()),
             stderr: Some(String::new()),
+            ..RunFacts::default()
         };
         let finished = reported_end("finished", None, Some(&run));
         assert_eq!(finished.exit_code, Some(0));

@@ -46,6 +46,10 @@ pub struct AttemptEnd {
     pub stdout: Option<String>,
     /// The tail of the worker's stderr.
     pub stderr: Option<String>,
+    /// How many bytes the worker wrote to stdout in all, when reported.
+    pub stdout_bytes: Option<u64>,
+    /// How many bytes the worker wrote to stderr in all, when reported.
+    pub stderr_bytes: Option<u64>,
 }
 
 /// One hand-out of a job and what came of it.
@@ -90,6 +94,8 @@ impl Attempt {
             out["signal"] = json!(end.signal);
             out["stdout"] = json!(end.stdout);
             out["stderr"] = json!(end.stderr);
+            out["stdoutBytes"] = json!(end.stdout_bytes);
+            out["stderrBytes"] = json!(end.stderr_bytes);
         }
         out
     }

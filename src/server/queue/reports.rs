@@ -10,13 +10,13 @@ use serde_json::{Map, Value, json};
 use super::{Queue, rules};
 use crate::protocol::view::query_json;
 use crate::protocol::{Job, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
-use crate::server::ledger::record;
 use crate::server::ledger::retention::millis;
 use crate::server::ledger::utilisation::heard_span;
 use crate::server::ledger::{
     ArchivedJob, Attempt, FailureGroup, HOUR_MS, PurgeCounts, StatsRow, WorkerStatsRow,
 };
-use crate::server::store::PurgeLimits;
+use crate::server::ledger::{failure, record};
+use crate::server::store::{ArchiveQuery, PurgeLimits};
 
 /// One day in milliseconds.
 const DAY_MS: i64 = 24 * HOUR_MS;
@@ -383,20 +383,46 @@ impl Queue {
         .await
     }
 
+    /// Ended jobs in id order, as `query` asks, within about `max_bytes`
+    /// of names and data (at least one job); the flag says whether the
+    /// page stopped there before its limit.
+    pub async fn archived_jobs(
+        &self,
+        query: ArchiveQuery,
+        max_bytes: usize,
+    ) -> Result<(Vec<ArchivedJob>, bool), JobError> {
+        self.read(move |tx| {
+            let jobs = tx.ledger().archived_list(&query)?;
+            let mut bytes = 0usize;
+            let mut kept = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                bytes += job.name.len()
+                    + serde_json::to_vec(&job.data).map_or(0, |encoded| encoded.len());
+                if bytes > max_bytes && !kept.is_empty() {
+                    return Ok((kept, true));
+                }
+                kept.push(job);
+            }
+            Ok((kept, false))
+        })
+        .await
+    }
+
     /// Failure groups of jobs still FAILED.
     pub async fn failure_groups(&self) -> Result<Vec<FailureGroup>, JobError> {
         self.read(|tx| tx.ledger().failure_groups()).await
     }
 
-    /// Up to `limit` FAILED jobs of a group, earliest failure first.
-    /// At most about `max_bytes` of names and data (at least one job);
-    /// the flag says whether jobs were left out for that.
+    /// Up to `limit` FAILED jobs of a group, earliest failure first, each
+    /// with its error (see [`failure::error_line`]). At most about
+    /// `max_bytes` of names and data (at least one job); the flag says
+    /// whether jobs were left out for that.
     pub async fn failed_jobs(
         &self,
         group: String,
         limit: usize,
         max_bytes: usize,
-    ) -> Result<(Vec<Job>, bool), JobError> {
+    ) -> Result<(Vec<(Job, Option<String>)>, bool), JobError> {
         self.read(move |tx| {
             let ids = tx.ledger().failed_in_group(&group, limit)?;
             let mut jobs = Vec::with_capacity(ids.len().min(1024));
@@ -408,7 +434,9 @@ impl Queue {
                 if bytes > max_bytes && !jobs.is_empty() {
                     return Ok((jobs, true));
                 }
-                jobs.push(job);
+                let attempts = tx.ledger().attempts(id)?;
+                let error = failure::error_line(&job.data, attempts.last());
+                jobs.push((job, error));
             }
             Ok((jobs, false))
         })

@@ -1,6 +1,7 @@
 //! The ledger's rows (see [`crate::server::ledger`]) behind a trait, beside
 //! the jobs themselves, written in the same transactions.
 
+use super::ArchiveQuery;
 use crate::protocol::{JobError, JobId, NamePattern, Timestamp, WorkerInfo};
 use crate::server::ledger::{
     ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
@@ -68,6 +69,8 @@ pub trait LedgerTx {
     fn archive(&mut self, job: &ArchivedJob) -> Result<(), JobError>;
     /// The archived job, if kept.
     fn archived(&mut self, job_id: JobId) -> Result<Option<ArchivedJob>, JobError>;
+    /// Archived jobs in id order (see [`ArchiveQuery`]).
+    fn archived_list(&mut self, query: &ArchiveQuery) -> Result<Vec<ArchivedJob>, JobError>;
 
     /// Puts a FAILED job in a failure group.
     fn set_failure(&mut self, job_id: JobId, group: &str, at: Timestamp) -> Result<(), JobError>;

@@ -14,7 +14,7 @@ use super::ListQuery;
 use crate::protocol::NamePattern;
 
 /// The characters that make a GLOB more than a literal.
-const WILDCARDS: [char; 3] = ['*', '?', '['];
+pub(super) const WILDCARDS: [char; 3] = ['*', '?', '['];
 
 /// The SQL and parameters listing `query`, in id order.
 pub(super) fn list_sql(columns: &str, query: &ListQuery) -> (String, Vec<Value>) {
@@ -76,7 +76,7 @@ pub(super) fn list_sql(columns: &str, query: &ListQuery) -> (String, Vec<Value>)
 
 /// The least string greater than every string starting with `prefix` (its
 /// last character incremented), if there is one.
-fn after_prefix(prefix: &str) -> Option<String> {
+pub(super) fn after_prefix(prefix: &str) -> Option<String> {
     let mut chars: Vec<char> = prefix.chars().collect();
     while let Some(last) = chars.pop() {
         let mut next = last as u32 + 1;

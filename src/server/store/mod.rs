@@ -6,6 +6,7 @@
 //! transaction is durably committed. An operation that returns an error
 //! leaves nothing behind.
 
+mod archive_listing;
 mod file_lock;
 mod ledger;
 mod listing;
@@ -14,6 +15,7 @@ mod sqlite;
 mod sqlite_ledger;
 mod write_health;
 
+pub use archive_listing::ArchiveQuery;
 pub use ledger::{LedgerTx, PurgeLimits};
 
 pub use sqlite::SqliteStore;

@@ -165,6 +165,12 @@ const MIGRATIONS: &[&str] = &[
         attempts      INTEGER NOT NULL DEFAULT 0,
         lapses        INTEGER NOT NULL DEFAULT 0
     );",
+    // 6: finding ended jobs by name (a GLOB's literal prefix is a range on
+    // it) and time; the total bytes of each stream a worker wrote, beside
+    // the tail the attempt keeps.
+    "CREATE INDEX archive_name ON archive (name, ended);
+    ALTER TABLE attempts ADD COLUMN stdout_bytes INTEGER;
+    ALTER TABLE attempts ADD COLUMN stderr_bytes INTEGER;",
 ];
 
 /// The schema version this build writes.

@@ -2,6 +2,7 @@
 
 use rusqlite::{OptionalExtension, Row, params};
 
+use super::ArchiveQuery;
 use super::ledger::{LedgerTx, PurgeLimits};
 use super::sqlite::{FailingTx, SqliteTx, store_error};
 use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
@@ -11,7 +12,7 @@ use crate::server::ledger::{
 };
 
 const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
-     failure, exit_code, signal, stdout, stderr";
+     failure, exit_code, signal, stdout, stderr, stdout_bytes, stderr_bytes";
 
 fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
     let outcome: Option<String> = row.get(7)?;
@@ -31,6 +32,8 @@ fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
                 signal: row.get(10)?,
                 stdout: row.get(11)?,
                 stderr: row.get(12)?,
+                stdout_bytes: row.get::<_, Option<i64>>(13)?.map(|n| n.max(0) as u64),
+                stderr_bytes: row.get::<_, Option<i64>>(14)?.map(|n| n.max(0) as u64),
             }),
             None => None,
         },
@@ -115,6 +118,8 @@ fn read_summary(row: &Row<'_>, at: usize) -> rusqlite::Result<Summary> {
         max: row.get::<_, Option<f64>>(at + 4)?.unwrap_or(0.0),
     })
 }
+
+const ARCHIVE_COLUMNS: &str = "job_id, name, state, data, created, ended, attempts, failure";
 
 fn read_archived(row: &Row<'_>) -> rusqlite::Result<ArchivedJob> {
     let data: String = row.get(3)?;
@@ -317,7 +322,8 @@ impl LedgerTx for SqliteTx<'_> {
         self.conn
             .prepare_cached(
                 "UPDATE attempts SET ended = ?2, outcome = ?3, failure = ?4, exit_code = ?5, \
-                 signal = ?6, stdout = ?7, stderr = ?8 WHERE job_id = ?1 AND ended IS NULL \
+                 signal = ?6, stdout = ?7, stderr = ?8, stdout_bytes = ?9, stderr_bytes = ?10 \
+                 WHERE job_id = ?1 AND ended IS NULL \
                  RETURNING name, started, worker",
             )
             .map_err(store_error)?
@@ -331,6 +337,8 @@ impl LedgerTx for SqliteTx<'_> {
                     end.signal,
                     end.stdout,
                     end.stderr,
+                    end.stdout_bytes.map(|n| n.min(i64::MAX as u64) as i64),
+                    end.stderr_bytes.map(|n| n.min(i64::MAX as u64) as i64),
                 ],
                 |row| {
                     Ok(OpenAttempt {
@@ -403,14 +411,22 @@ impl LedgerTx for SqliteTx<'_> {
 
     fn archived(&mut self, job_id: JobId) -> Result<Option<ArchivedJob>, JobError> {
         self.conn
-            .prepare_cached(
-                "SELECT job_id, name, state, data, created, ended, attempts, failure \
-                 FROM archive WHERE job_id = ?1",
-            )
+            .prepare_cached(&format!(
+                "SELECT {ARCHIVE_COLUMNS} FROM archive WHERE job_id = ?1"
+            ))
             .map_err(store_error)?
             .query_row([job_id], read_archived)
             .optional()
             .map_err(store_error)
+    }
+
+    fn archived_list(&mut self, query: &ArchiveQuery) -> Result<Vec<ArchivedJob>, JobError> {
+        let (sql, params) = super::archive_listing::archive_sql(ARCHIVE_COLUMNS, query);
+        let mut statement = self.conn.prepare_cached(&sql).map_err(store_error)?;
+        let rows = statement
+            .query_map(rusqlite::params_from_iter(params), read_archived)
+            .map_err(store_error)?;
+        rows.collect::<Result<_, _>>().map_err(store_error)
     }
 
     fn set_failure(&mut self, job_id: JobId, group: &str, at: Timestamp) -> Result<(), JobError> {
@@ -753,6 +769,9 @@ impl LedgerTx for FailingTx {
         Err(self.0.clone())
     }
     fn archived(&mut self, _: JobId) -> Result<Option<ArchivedJob>, JobError> {
+        Err(self.0.clone())
+    }
+    fn archived_list(&mut self, _: &ArchiveQuery) -> Result<Vec<ArchivedJob>, JobError> {
         Err(self.0.clone())
     }
     fn set_failure(&mut self, _: JobId, _: &str, _: Timestamp) -> Result<(), JobError> {

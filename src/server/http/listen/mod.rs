@@ -355,6 +355,7 @@ fn builds_page(method: &Method, path: &str) -> bool {
     matches!(
         segments.as_slice(),
         ["jobs"]
+            | ["archive"]
             | ["jobs", _, "history"]
             | ["failures"]
             | ["failures", _]
@@ -474,6 +475,7 @@ mod tests {
     fn listings_take_the_page_reserve_for_get_and_head_alike() {
         for path in [
             "/jobs",
+            "/archive",
             "/jobs/7/history",
             "/failures",
             "/failures/timeout",
