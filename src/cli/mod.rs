@@ -11,6 +11,7 @@ mod shell;
 mod signals;
 mod status;
 mod supervise;
+mod take;
 
 use std::process::ExitCode;
 
@@ -55,7 +56,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the job server (SQLite store, HTTP API).
     Server(Box<ServerArgs>),
-    /// Create, get, inspect and report on jobs of a running server.
+    /// Create, take, inspect and report on jobs of a running server.
     Job(JobArgs),
     /// Show a server's statistics per job name: jobs added, started, finished, failed and retried, wait, run and service times, and queue depth; or per supervisor (--workers): runs, busy time, capacity and utilisation.
     Stats(reports::StatsArgs),
