@@ -45,6 +45,7 @@ pub struct Cli {
         global = true,
         value_enum,
         value_name = "FORMAT",
+        help_heading = "Logs",
         default_value = "auto",
         env = "JOBMGR_LOG_FORMAT"
     )]

@@ -22,9 +22,10 @@ use crate::supervisor::{Settings, Supervisor};
 #[derive(Debug, Args)]
 pub struct SuperviseArgs {
     /// The main configuration file [default: /etc/jobmgr/jobmgr.toml, if it exists]; conf.d/*.toml beside it follow; flags and JOBMGR_* variables win; re-read on SIGHUP.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help_heading = "Config")]
     pub config: Option<PathBuf>,
     /// The API token: sent to the job server, or required by the embedded server [default: the one in --token-file]
+    #[arg(help_heading = "Server")]
     #[arg(
         long,
         env = "JOBMGR_TOKEN",
@@ -33,7 +34,12 @@ pub struct SuperviseArgs {
     )]
     pub token: Option<String>,
     /// Also trust this CA certificate (PEM) for an https:// --server.
-    #[arg(long, env = "JOBMGR_CA_CERT", value_name = "PEM")]
+    #[arg(
+        long,
+        env = "JOBMGR_CA_CERT",
+        value_name = "PEM",
+        help_heading = "Server"
+    )]
     pub ca_cert: Option<PathBuf>,
     /// The options.
     #[command(flatten)]

@@ -18,6 +18,7 @@ mod crash;
 mod edges;
 mod handback;
 mod harness;
+mod help;
 mod hostile;
 mod hostile_workers;
 mod http_limits;
