@@ -2,6 +2,7 @@
 //! talks to one. Errors are mapped to exit codes in one place, [`exit_code`].
 
 mod check_config;
+pub mod environment;
 mod job;
 mod output;
 mod reports;

@@ -16,6 +16,7 @@ mod commands;
 mod config;
 mod crash;
 mod edges;
+mod environment;
 mod handback;
 mod harness;
 mod help;
