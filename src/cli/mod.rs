@@ -4,6 +4,7 @@
 mod check_config;
 pub mod environment;
 mod job;
+mod man;
 mod output;
 mod reports;
 mod server;

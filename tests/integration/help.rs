@@ -90,3 +90,106 @@ fn status_help_lists_only_what_status_needs() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--max-load"), "{stderr}");
 }
+
+/// Every `JOBMGR_*` name in the product's source (src/), but the test and
+/// benchmark tooling's own.
+fn variables_in_source() -> std::collections::BTreeSet<String> {
+    fn walk(dir: &std::path::Path, out: &mut std::collections::BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).expect("src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let mut rest = text.as_str();
+            while let Some(at) = rest.find("JOBMGR_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                let name = name.trim_end_matches('_').to_string();
+                rest = &rest[at + "JOBMGR_".len()..];
+                let tooling = [
+                    "JOBMGR_BENCH",
+                    "JOBMGR_SOAK",
+                    "JOBMGR_BIN",
+                    "JOBMGR_SERVER_FLAGS",
+                ];
+                if name.len() > "JOBMGR_".len() && !tooling.iter().any(|t| name.starts_with(t)) {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut out,
+    );
+    out
+}
+
+#[test]
+fn the_man_page_has_the_operators_sections_and_every_variable() {
+    let (code, man, stderr) = run(&["man"]);
+    assert_eq!(code, 0, "{stderr}");
+    for section in [
+        ".SH FILES",
+        ".SH ENVIRONMENT",
+        ".SH SIGNALS",
+        ".SH \"EXIT STATUS\"",
+        ".SH \"THE WORKER CONTRACT\"",
+    ] {
+        assert!(man.contains(section), "{section} missing");
+    }
+    let environment = man
+        .split(".SH ENVIRONMENT")
+        .nth(1)
+        .and_then(|rest| rest.split("\n.SH ").next())
+        .expect("the ENVIRONMENT section");
+    let variables = variables_in_source();
+    assert!(variables.len() > 40, "the scan found {variables:?}");
+    for name in &variables {
+        assert!(
+            environment.contains(&format!(".B {name}\n")),
+            "{name} is read in src/ but not in the man page's ENVIRONMENT"
+        );
+    }
+    // The worker contract is the README's, exit code 75 included.
+    assert!(man.contains("75 (EX_TEMPFAIL)"), "the worker contract");
+    assert!(man.contains("RestartPreventExitStatus=2"), "exit status 2");
+    assert!(man.contains(".B SIGTSTP"), "signals");
+}
+
+#[test]
+fn the_annotated_config_shows_every_supervisor_key() {
+    use clap::Args;
+    let annotated = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/jobmgr.toml");
+    let text = std::fs::read_to_string(annotated).expect("config/jobmgr.toml");
+    // The keys: every option of the supervisor's options struct, named as
+    // serde names them (kebab-case of the field), plus its tables.
+    let command = jobmgr::config::SupervisorOptions::augment_args(clap::Command::new("keys"));
+    let mut keys: Vec<String> = command
+        .get_arguments()
+        .map(|arg| arg.get_id().as_str().replace('_', "-"))
+        .collect();
+    assert!(keys.len() > 40, "{keys:?}");
+    keys.extend(["schedule", "job", "pool"].map(|t| format!("[[{t}]]")));
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|key| {
+            if key.starts_with("[[") {
+                return !text.contains(key.as_str());
+            }
+            !text.lines().any(|line| {
+                let line = line.strip_prefix("# ").unwrap_or(line);
+                line.starts_with(&format!("{key} = "))
+            })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "missing from config/jobmgr.toml: {missing:?}"
+    );
+}
