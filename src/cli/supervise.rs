@@ -68,6 +68,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         .unwrap_or_else(|| PathBuf::from("."));
     let pools = Settings::resolve_pools(&options, &state_dir)
         .map_err(|e| CliError::Usage(e.to_string()))?;
+    warn_if_no_cpu_pressure(&pools);
     for settings in &pools {
         // Fail early and clearly on a missing worker path.
         crate::supervisor::worker_path::WorkerPath::new(&settings.worker_path).map_err(|e| {
@@ -218,6 +219,22 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
     }
     outcome
+}
+
+/// Says once, at start, that the CPU pressure gate is off where the
+/// kernel has no pressure file (no PSI, or a container without it).
+fn warn_if_no_cpu_pressure(pools: &[Settings]) {
+    let absent = pools.iter().find_map(|settings| {
+        let path = settings.load.cpu_pressure.as_ref()?;
+        (!path.exists()).then_some(path)
+    });
+    if let Some(path) = absent {
+        tracing::warn!(
+            path = %path.display(),
+            "max-cpu-pressure is set but {} does not exist (a kernel without PSI, or booted with psi=0): the CPU pressure gate is off",
+            path.display()
+        );
+    }
 }
 
 /// A job source for a server URL, showing `token`, trusting `ca_cert` too

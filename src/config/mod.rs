@@ -148,6 +148,14 @@ pub struct SupervisorOptions {
     #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_MEMINFO_PATH")]
     pub meminfo_path: Option<PathBuf>,
+    /// Start no job while CPU pressure (PSI "some avg10", percent) is at or above this; off where the kernel has no /proc/pressure/cpu [default: off]
+    #[arg(help_heading = "Gate")]
+    #[arg(long, value_name = "PCT", env = "JOBMGR_MAX_CPU_PRESSURE")]
+    pub max_cpu_pressure: Option<f64>,
+    /// A file in /proc/pressure/cpu format to read CPU pressure from [default: /proc/pressure/cpu]
+    #[arg(help_heading = "Gate")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_CPU_PRESSURE_PATH")]
+    pub cpu_pressure_path: Option<PathBuf>,
     /// The file holding the API token: the embedded server makes it at first start (mode 0600); with --server, read from it [default: token beside --db]
     #[arg(help_heading = "Server")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_TOKEN_FILE")]
@@ -462,6 +470,8 @@ impl SupervisorOptions {
             scratch_dir,
             loadavg_path,
             meminfo_path,
+            max_cpu_pressure,
+            cpu_pressure_path,
             token_file,
             bedrock_trust_loopback,
             db,

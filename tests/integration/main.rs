@@ -36,6 +36,7 @@ mod metrics;
 mod one_server_per_file;
 mod openapi;
 mod operations;
+mod pressure;
 mod repeat;
 mod sandbox;
 mod store_health;
