@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(cli::run(cli));
     if let Err(error) = &result {
-        eprintln!("error: {error}");
+        eprintln!("error: {}", jobmgr::client::with_sources(error));
     }
     cli::exit_code(&result)
 }

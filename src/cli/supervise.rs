@@ -136,11 +136,23 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             let token = crate::auth::for_client(args.token.as_deref(), explicit, &defaults, url)
                 .map_err(server::ServerError::from)?;
             let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
+            let reach = reach(url, &token, args.ca_cert.as_deref()).await;
             let source = connect(url, token, args.ca_cert.as_deref())?;
-            println!(
-                "jobmgr supervisor ready: server={}{metrics}",
-                source.describe()
-            );
+            match reach {
+                Ok(()) => println!(
+                    "jobmgr supervisor ready: server={}{metrics}",
+                    source.describe()
+                ),
+                // Not "ready" while the server cannot be reached; the
+                // supervisor keeps asking, and spools its reports.
+                Err(error) => {
+                    println!(
+                        "jobmgr supervisor waiting for server at {}: {error}{metrics}",
+                        source.describe()
+                    );
+                    tracing::warn!(server = %source.describe(), %error, "waiting for the job server");
+                }
+            }
             source
         }
     };
@@ -234,6 +246,33 @@ fn warn_if_no_cpu_pressure(pools: &[Settings]) {
             "max-cpu-pressure is set but {} does not exist (a kernel without PSI, or booted with psi=0): the CPU pressure gate is off",
             path.display()
         );
+    }
+}
+
+/// Whether the server at `url` answers at all (any HTTP answer counts,
+/// a refusal included; for `bedrock://`, a TCP connection); why not.
+async fn reach(
+    url: &str,
+    token: &ClientToken,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<(), String> {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+    if let Some(addr) = url.strip_prefix("bedrock://") {
+        let addr = addr.trim_end_matches('/');
+        return match tokio::time::timeout(WITHIN, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(crate::client::with_sources(&error)),
+            Err(_) => Err(format!("no connection within {}s", WITHIN.as_secs())),
+        };
+    }
+    let client = crate::client::HttpClient::trusting(url, token.token.clone(), ca_cert)
+        .map_err(|e| e.to_string())?;
+    match client
+        .call(reqwest::Method::GET, "/healthz", None, WITHIN)
+        .await
+    {
+        Err(crate::client::ClientError::Transport { detail, .. }) => Err(detail),
+        _ => Ok(()),
     }
 }
 

@@ -448,5 +448,11 @@ fn a_server_that_is_not_running_exits_1() {
             stderr.contains("cannot reach the job server"),
             "{args:?}: {stderr:?}"
         );
+        // Why, from the error's causes, not only "error sending request".
+        assert!(
+            stderr.contains("Connection refused"),
+            "{args:?}: {stderr:?}"
+        );
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr:?}");
     }
 }

@@ -32,6 +32,7 @@ mod local_auth;
 mod lockout;
 mod log_hygiene;
 mod long_poll;
+mod messages;
 mod metrics;
 mod one_server_per_file;
 mod openapi;
