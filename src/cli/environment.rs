@@ -184,7 +184,8 @@ pub fn explain(error: &clap::Error) -> Option<String> {
             .into_iter()
             .map(String::from),
     );
-    let on_command_line = std::env::args().skip(1).any(|a| {
+    let on_command_line = std::env::args_os().skip(1).any(|a| {
+        let a = a.to_string_lossy();
         names
             .iter()
             .any(|n| a == format!("--{n}") || a.starts_with(&format!("--{n}=")))
