@@ -7,8 +7,19 @@ use clap::Parser;
 use jobmgr::cli::{self, Cli};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => match cli::environment::explain(&error) {
+            // A bad value from a JOBMGR_* variable: name the variable.
+            Some(message) => {
+                eprint!("{message}");
+                return ExitCode::from(2);
+            }
+            None => error.exit(),
+        },
+    };
     jobmgr::logging::init(cli.log_format);
+    cli::environment::warn_unknown();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -21,7 +32,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(cli::run(cli));
     if let Err(error) = &result {
-        eprintln!("error: {error}");
+        eprintln!("error: {}", jobmgr::client::with_sources(error));
     }
     cli::exit_code(&result)
 }

@@ -78,23 +78,12 @@ pub enum JobCommand {
         #[arg(long, value_name = "ID")]
         parent: Option<i64>,
     },
-    /// Take due jobs matching a GLOB (or comma list), waiting for one if asked.
-    Get {
-        /// A GLOB such as '*' or 'www-prod/*', or a comma-separated list of names.
-        pattern: String,
-        /// How long to wait for a job, e.g. 30s.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        wait: Option<Duration>,
-        /// How many jobs to take at most.
-        #[arg(long, value_name = "N", default_value_t = 1)]
-        count: u64,
-        /// How long the jobs are leased for, e.g. 5m.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        lease: Option<Duration>,
-        /// Only jobs of this priority.
-        #[arg(long, value_name = "P")]
-        priority: Option<i64>,
-    },
+    /// Take (lease) due jobs matching a GLOB (or comma list), waiting for one if asked; each must then be finished, failed or retried before its lease runs out.
+    #[command(after_help = super::take::AFTER_HELP)]
+    Take(super::take::TakeArgs),
+    /// Deprecated: the old name of `take` (it leases the job).
+    #[command(hide = true)]
+    Get(super::take::TakeArgs),
     /// Show a job; one that ended and left the queue is shown from the
     /// archive (marked archived), with a pointer to `job history`.
     Query {
@@ -134,7 +123,7 @@ pub enum JobCommand {
         /// New data for the job.
         #[arg(long, value_name = "JSON")]
         data: Option<String>,
-        /// The lease token from `job get`.
+        /// The lease token from `job take`.
         #[arg(long, value_name = "TOKEN")]
         lease: Option<String>,
     },
@@ -160,7 +149,7 @@ pub enum JobCommand {
         /// New data for the job.
         #[arg(long, value_name = "JSON")]
         data: Option<String>,
-        /// The lease token from `job get`.
+        /// The lease token from `job take`.
         #[arg(long, value_name = "TOKEN")]
         lease: Option<String>,
     },
@@ -171,7 +160,7 @@ pub enum JobCommand {
         /// New data for the job.
         #[arg(long, value_name = "JSON")]
         data: Option<String>,
-        /// The lease token from `job get`.
+        /// The lease token from `job take`.
         #[arg(long, value_name = "TOKEN")]
         lease: Option<String>,
     },
@@ -179,7 +168,7 @@ pub enum JobCommand {
     Heartbeat {
         /// The jobID.
         id: String,
-        /// The lease token from `job get`.
+        /// The lease token from `job take`.
         #[arg(long, value_name = "TOKEN")]
         lease: String,
     },
@@ -244,7 +233,7 @@ pub(super) fn id_arg(id: &str) -> Result<i64, CliError> {
 }
 
 /// Builds a JSON object from the options that were given.
-fn object(fields: Vec<(&str, Option<Value>)>) -> Value {
+pub(super) fn object(fields: Vec<(&str, Option<Value>)>) -> Value {
     let map: Map<String, Value> = fields
         .into_iter()
         .filter_map(|(k, v)| v.map(|v| (k.to_string(), v)))
@@ -308,36 +297,8 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
                 Format::Text => println!("{}", answer["jobID"]),
             }
         }
-        JobCommand::Get {
-            pattern,
-            wait,
-            count,
-            lease,
-            priority,
-        } => {
-            let (client, format) = client(connection)?;
-            let wait_ms = wait.map(|w| w.as_millis() as u64);
-            let body = object(vec![
-                ("name", Some(json!(pattern))),
-                ("numResults", Some(json!(count.max(1)))),
-                ("waitMs", wait_ms.map(Value::from)),
-                ("leaseMs", lease.map(|l| json!(l.as_millis() as u64))),
-                ("priority", priority.map(Value::from)),
-            ]);
-            let timeout = Duration::from_millis(wait_ms.unwrap_or(0)) + Duration::from_secs(60);
-            let answer = client
-                .call(Method::POST, "/dequeue", Some(&body), timeout)
-                .await?;
-            let jobs = answer["jobs"].as_array().cloned().unwrap_or_default();
-            if jobs.is_empty() {
-                return Err(CliError::NotFound("No job found".into()));
-            }
-            match (format, jobs.len()) {
-                (Format::Json, 1) if count <= 1 => print_value(&jobs[0]),
-                (Format::Json, _) => print_value(&answer),
-                (Format::Text, _) => jobs.iter().for_each(print_job),
-            }
-        }
+        JobCommand::Take(take) => super::take::run(connection, take, false).await?,
+        JobCommand::Get(take) => super::take::run(connection, take, true).await?,
         JobCommand::Query { id } => {
             let (client, format) = client(connection)?;
             let id = id_arg(&id)?;

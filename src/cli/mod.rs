@@ -4,7 +4,9 @@
 mod archive;
 mod check_config;
 mod embedded_ports;
+pub mod environment;
 mod job;
+mod man;
 mod output;
 mod reports;
 mod server;
@@ -14,6 +16,7 @@ mod signals;
 mod start_checks;
 mod status;
 mod supervise;
+mod take;
 
 use std::process::ExitCode;
 
@@ -47,6 +50,7 @@ pub struct Cli {
         global = true,
         value_enum,
         value_name = "FORMAT",
+        help_heading = "Logs",
         default_value = "auto",
         env = "JOBMGR_LOG_FORMAT"
     )]
@@ -58,7 +62,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the job server (SQLite store, HTTP API).
     Server(Box<ServerArgs>),
-    /// Create, get, inspect and report on jobs of a running server.
+    /// Create, take, inspect and report on jobs of a running server.
     Job(JobArgs),
     /// Show a server's statistics per job name: jobs added, started, finished, failed and retried, wait, run and service times, and queue depth; or per supervisor (--workers): runs, busy time, capacity and utilisation.
     Stats(reports::StatsArgs),

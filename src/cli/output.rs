@@ -71,3 +71,18 @@ pub fn print_jobs(jobs: &[Value]) {
         );
     }
 }
+
+/// `n` and the noun for it: "1 job", "2 jobs", "0 jobs".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn one_is_singular_and_every_other_count_plural() {
+        assert_eq!(super::count(1, "job", "jobs"), "1 job");
+        assert_eq!(super::count(2, "job", "jobs"), "2 jobs");
+        assert_eq!(super::count(0, "job", "jobs"), "0 jobs");
+    }
+}

@@ -345,7 +345,10 @@ pub async fn failures(args: FailuresArgs) -> Result<(), CliError> {
             .await?;
         match format {
             Format::Json => print_value(&answer),
-            Format::Text => println!("{done} {} jobs of {group}", answer[done]),
+            Format::Text => println!(
+                "{done} {} of {group}",
+                super::output::count(answer[done].as_u64().unwrap_or(0), "job", "jobs")
+            ),
         }
         return Ok(());
     }

@@ -20,7 +20,8 @@ pub fn completions(args: CompletionsArgs) -> Result<(), super::CliError> {
 }
 
 /// Prints the man page `jobmgr(1)`, in roff, on stdout: the supervisor's
-/// options, then each subcommand's.
+/// options, then each subcommand's, then FILES, ENVIRONMENT, SIGNALS, EXIT
+/// STATUS and THE WORKER CONTRACT.
 pub fn man() -> Result<(), super::CliError> {
     let command = super::Cli::command();
     let mut out = Vec::new();
@@ -41,6 +42,7 @@ pub fn man() -> Result<(), super::CliError> {
         man.render_description_section(&mut out).map_err(write)?;
         man.render_options_section(&mut out).map_err(write)?;
     }
+    out.extend_from_slice(super::man::sections().as_bytes());
     use std::io::Write;
     std::io::stdout().write_all(&out).map_err(write)
 }

@@ -21,16 +21,34 @@ pub struct StatusArgs {
     /// Print the status as JSON.
     #[arg(long)]
     pub json: bool,
-    /// The supervisor's options (`--status-file`, `--spool-dir`, `--db` locate the file).
-    #[command(flatten)]
-    pub options: SupervisorOptions,
+    /// The supervisor's status file [default: as the supervisor's: status.json beside its spool directory]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_STATUS_FILE")]
+    pub status_file: Option<PathBuf>,
+    /// The supervisor's spool directory, to find the status file beside it.
+    #[arg(long, value_name = "DIR", env = "JOBMGR_SPOOL_DIR")]
+    pub spool_dir: Option<PathBuf>,
+    /// The supervisor's embedded store, to find its default state directory.
+    #[arg(long, value_name = "PATH", env = "JOBMGR_DB")]
+    pub db: Option<PathBuf>,
+}
+
+impl StatusArgs {
+    /// The options that locate the status file, as the supervisor's.
+    fn options(&self) -> SupervisorOptions {
+        SupervisorOptions {
+            status_file: self.status_file.clone(),
+            spool_dir: self.spool_dir.clone(),
+            db: self.db.clone(),
+            ..SupervisorOptions::default()
+        }
+    }
 }
 
 /// Prints the status. Exit 3 when no supervisor is running there.
 pub fn run(args: StatusArgs) -> Result<(), CliError> {
     let layers =
         config::load_layers(args.config.as_deref()).map_err(|e| CliError::Usage(e.to_string()))?;
-    let options = args.options.clone().over(config::merge_layers(&layers));
+    let options = args.options().over(config::merge_layers(&layers));
     let db = options
         .db
         .clone()

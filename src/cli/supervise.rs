@@ -22,9 +22,10 @@ use crate::supervisor::{Settings, Supervisor};
 #[derive(Debug, Args)]
 pub struct SuperviseArgs {
     /// The main configuration file [default: /etc/jobmgr/jobmgr.toml, if it exists]; conf.d/*.toml beside it follow; flags and JOBMGR_* variables win; re-read on SIGHUP.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help_heading = "Config")]
     pub config: Option<PathBuf>,
     /// The API token: sent to the job server, or required by the embedded server [default: the one in --token-file]
+    #[arg(help_heading = "Server")]
     #[arg(
         long,
         env = "JOBMGR_TOKEN",
@@ -33,7 +34,12 @@ pub struct SuperviseArgs {
     )]
     pub token: Option<String>,
     /// Also trust this CA certificate (PEM) for an https:// --server.
-    #[arg(long, env = "JOBMGR_CA_CERT", value_name = "PEM")]
+    #[arg(
+        long,
+        env = "JOBMGR_CA_CERT",
+        value_name = "PEM",
+        help_heading = "Server"
+    )]
     pub ca_cert: Option<PathBuf>,
     /// The options.
     #[command(flatten)]
@@ -60,6 +66,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         plan.state_dir.clone(),
     );
     let pools = plan.pools.clone();
+    warn_if_no_cpu_pressure(&pools);
 
     let mut embedded = None;
     let source: Arc<dyn JobSource> = match options.server.as_deref() {
@@ -117,11 +124,23 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         Some(url) => {
             let token = super::start_checks::client_token(&plan, args.token.as_deref(), url)?;
             let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
+            let reach = reach(url, &token, args.ca_cert.as_deref()).await;
             let source = connect(url, token, args.ca_cert.as_deref())?;
-            println!(
-                "jobmgr supervisor ready: server={}{metrics}",
-                source.describe()
-            );
+            match reach {
+                Ok(()) => println!(
+                    "jobmgr supervisor ready: server={}{metrics}",
+                    source.describe()
+                ),
+                // Not "ready" while the server cannot be reached; the
+                // supervisor keeps asking, and spools its reports.
+                Err(error) => {
+                    println!(
+                        "jobmgr supervisor waiting for server at {}: {error}{metrics}",
+                        source.describe()
+                    );
+                    tracing::warn!(server = %source.describe(), %error, "waiting for the job server");
+                }
+            }
             source
         }
     };
@@ -200,6 +219,49 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         }
     }
     outcome
+}
+
+/// Says once, at start, that the CPU pressure gate is off where the
+/// kernel has no pressure file (no PSI, or a container without it).
+fn warn_if_no_cpu_pressure(pools: &[Settings]) {
+    let absent = pools.iter().find_map(|settings| {
+        let path = settings.load.cpu_pressure.as_ref()?;
+        (!path.exists()).then_some(path)
+    });
+    if let Some(path) = absent {
+        tracing::warn!(
+            path = %path.display(),
+            "max-cpu-pressure is set but {} does not exist (a kernel without PSI, or booted with psi=0): the CPU pressure gate is off",
+            path.display()
+        );
+    }
+}
+
+/// Whether the server at `url` answers at all (any HTTP answer counts,
+/// a refusal included; for `bedrock://`, a TCP connection); why not.
+async fn reach(
+    url: &str,
+    token: &ClientToken,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<(), String> {
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+    if let Some(addr) = url.strip_prefix("bedrock://") {
+        let addr = addr.trim_end_matches('/');
+        return match tokio::time::timeout(WITHIN, tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(crate::client::with_sources(&error)),
+            Err(_) => Err(format!("no connection within {}s", WITHIN.as_secs())),
+        };
+    }
+    let client = crate::client::HttpClient::trusting(url, token.token.clone(), ca_cert)
+        .map_err(|e| e.to_string())?;
+    match client
+        .call(reqwest::Method::GET, "/healthz", None, WITHIN)
+        .await
+    {
+        Err(crate::client::ClientError::Transport { detail, .. }) => Err(detail),
+        _ => Ok(()),
+    }
 }
 
 /// A job source for a server URL, showing `token`, trusting `ca_cert` too

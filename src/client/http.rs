@@ -109,7 +109,7 @@ impl HttpClient {
         }
         let http = builder.build().map_err(|e| ClientError::Transport {
             url: base.clone(),
-            detail: e.to_string(),
+            detail: with_sources(&e),
         })?;
         Ok(HttpClient {
             base,
@@ -150,7 +150,7 @@ impl HttpClient {
         }
         let transport = |e: reqwest::Error| ClientError::Transport {
             url: url.clone(),
-            detail: e.to_string(),
+            detail: with_sources(&e),
         };
         let response = request.send().await.map_err(transport)?;
         let status = response.status().as_u16();
@@ -192,4 +192,22 @@ impl HttpClient {
     ) -> Result<Value, ClientError> {
         self.call(method, path, body, Duration::from_secs(60)).await
     }
+}
+
+/// An error with the chain of its causes, `outer: cause: root cause`
+/// (reqwest's "error sending request for url (…)" says why only in its
+/// sources, e.g. "Connection refused"). A cause whose text is already
+/// shown is not repeated.
+pub fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let shown = cause.to_string();
+        if !shown.is_empty() && !text.contains(&shown) {
+            text.push_str(": ");
+            text.push_str(&shown);
+        }
+        source = cause.source();
+    }
+    text
 }

@@ -225,6 +225,6 @@ impl JobSource for LocalSource {
     }
 
     fn describe(&self) -> String {
-        "embedded server".into()
+        "embedded".into()
     }
 }

@@ -9,7 +9,7 @@ mod local;
 mod source;
 
 pub use bedrock::BedrockSource;
-pub use http::{ClientError, HttpClient};
+pub use http::{ClientError, HttpClient, with_sources};
 pub use http_source::HttpSource;
 pub use local::LocalSource;
 pub use source::{FetchMode, JobSource, LeasedJob, Report, SourceError};

@@ -19,9 +19,11 @@ pub use values::{ByteSize, EnvPair, HumanDuration, check_env_name, env_table};
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct SupervisorOptions {
     /// Job names to take: a GLOB such as '*' or 'www-prod/*' [default: *]
+    #[arg(help_heading = "Workers")]
     #[arg(long, alias = "jobName", value_name = "GLOB", env = "JOBMGR_JOB_NAME")]
     pub job_name: Option<String>,
     /// Directory holding one executable per job name.
+    #[arg(help_heading = "Workers")]
     #[arg(
         long,
         alias = "workerPath",
@@ -30,42 +32,55 @@ pub struct SupervisorOptions {
     )]
     pub worker_path: Option<PathBuf>,
     /// Start no job while the 1-minute load average is at or above this [default: the CPU count]
+    #[arg(help_heading = "Gate")]
     #[arg(long, alias = "maxLoad", value_name = "LOAD", env = "JOBMGR_MAX_LOAD")]
     pub max_load: Option<f64>,
     /// Multiply --max-load by the number of CPUs.
+    #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_LOAD_PER_CPU")]
     pub load_per_cpu: Option<bool>,
     /// Start no job while available memory is below this [default: 128MiB]
+    #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "SIZE", env = "JOBMGR_MIN_MEMORY")]
     pub min_memory: Option<ByteSize>,
     /// The most workers at once [default: twice the CPU count]
+    #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "N", env = "JOBMGR_MAX_WORKERS")]
     pub max_workers: Option<usize>,
     /// Concurrency may grow by this many workers per second [default: the CPU count]
+    #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "N", env = "JOBMGR_RAMP")]
     pub ramp: Option<usize>,
     /// A worker running longer is stopped (SIGTERM, grace, SIGKILL) [default: 30m]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_TIMEOUT")]
     pub timeout: Option<HumanDuration>,
     /// Time between SIGTERM and SIGKILL [default: 10s]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_KILL_GRACE")]
     pub kill_grace: Option<HumanDuration>,
     /// On SIGTERM, how long running jobs may take to finish before they are stopped and handed back [default: 2m]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<HumanDuration>,
     /// Lease asked for each job, renewed every third of it while the worker runs [default: 30s]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_LEASE")]
     pub lease: Option<HumanDuration>,
     /// How long one fetch waits for a job before asking again [default: 30s]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_POLL_WAIT")]
     pub poll_wait: Option<HumanDuration>,
     /// Runs in all before a failing job is FAILED [default: 5]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "N", env = "JOBMGR_MAX_ATTEMPTS")]
     pub max_attempts: Option<i64>,
     /// Delay before the first retry of a failed job; doubles each time, with jitter [default: 10s]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_BACKOFF")]
     pub backoff: Option<HumanDuration>,
     /// The longest retry delay [default: 1h]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_MAX_BACKOFF")]
     pub max_backoff: Option<HumanDuration>,
     /// A job whose worker is missing here is handed back for another supervisor; it is failed (no_worker) when none has run it this long after the first hand-back; 0 fails it at once [default: 1h]
@@ -77,9 +92,11 @@ pub struct SupervisorOptions {
     )]
     pub no_worker_timeout: Option<HumanDuration>,
     /// Bytes of each of stdout and stderr kept per job, half from the start and half from the end [default: 64KiB]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "SIZE", env = "JOBMGR_OUTPUT_CAP")]
     pub output_cap: Option<ByteSize>,
     /// Environment variables passed through to workers (repeatable) [default: PATH LANG LC_ALL TZ]
+    #[arg(help_heading = "Workers")]
     #[arg(
         long = "env-allow",
         value_name = "NAME",
@@ -88,6 +105,7 @@ pub struct SupervisorOptions {
     )]
     pub env_allow: Option<Vec<String>>,
     /// Extra environment for workers, NAME=VALUE (repeatable)
+    #[arg(help_heading = "Workers")]
     #[arg(long = "env", value_name = "NAME=VALUE")]
     #[serde(
         default,
@@ -97,6 +115,7 @@ pub struct SupervisorOptions {
     )]
     pub env: Option<Vec<EnvPair>>,
     /// Start this many jobs, then drain and exit (for a service manager to restart)
+    #[arg(help_heading = "Workers")]
     #[arg(
         long,
         alias = "maxIterations",
@@ -105,6 +124,7 @@ pub struct SupervisorOptions {
     )]
     pub max_iterations: Option<u64>,
     /// When this file changes (a deploy), drain and exit for the service manager to restart
+    #[arg(help_heading = "Workers")]
     #[arg(
         long,
         alias = "versionWatchFile",
@@ -113,39 +133,59 @@ pub struct SupervisorOptions {
     )]
     pub version_watch_file: Option<PathBuf>,
     /// The job server: http://HOST:PORT or bedrock://HOST:PORT [default: an embedded server]
+    #[arg(help_heading = "Server")]
     #[arg(long, value_name = "URL", env = "JOBMGR_SERVER")]
     pub server: Option<String>,
     /// Where reports wait while the server is unreachable [default: spool/ beside the embedded store]
+    #[arg(help_heading = "Server")]
     #[arg(long, value_name = "DIR", env = "JOBMGR_SPOOL_DIR")]
     pub spool_dir: Option<PathBuf>,
     /// Where the supervisor says what it is running, for `jobmgr status` [default: status.json beside the spool directory]
+    #[arg(help_heading = "Logs")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_STATUS_FILE")]
     pub status_file: Option<PathBuf>,
     /// Where each job's scratch directory is made [default: scratch/ beside the embedded store]
+    #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DIR", env = "JOBMGR_SCRATCH_DIR")]
     pub scratch_dir: Option<PathBuf>,
     /// A file in /proc/loadavg format to read the load from [default: /proc/loadavg]
+    #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_LOADAVG_PATH")]
     pub loadavg_path: Option<PathBuf>,
     /// A file in /proc/meminfo format to read available memory from [default: /proc/meminfo]
+    #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_MEMINFO_PATH")]
     pub meminfo_path: Option<PathBuf>,
+    /// Start no job while CPU pressure (PSI "some avg10", percent) is at or above this; off where the kernel has no /proc/pressure/cpu [default: off]
+    #[arg(help_heading = "Gate")]
+    #[arg(long, value_name = "PCT", env = "JOBMGR_MAX_CPU_PRESSURE")]
+    pub max_cpu_pressure: Option<f64>,
+    /// A file in /proc/pressure/cpu format to read CPU pressure from [default: /proc/pressure/cpu]
+    #[arg(help_heading = "Gate")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_CPU_PRESSURE_PATH")]
+    pub cpu_pressure_path: Option<PathBuf>,
     /// The file holding the API token: the embedded server makes it at first start (mode 0600); with --server, read from it [default: token beside --db]
+    #[arg(help_heading = "Server")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Embedded server: let Bedrock-port clients on loopback skip the token (old Bedrock clients); any local user, workers included, can then read and change every job
+    #[arg(help_heading = "Server")]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_BEDROCK_TRUST_LOOPBACK")]
     pub bedrock_trust_loopback: Option<bool>,
     /// Embedded server: its SQLite file [default: as for `jobmgr server`]
+    #[arg(help_heading = "Server")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_DB")]
     pub db: Option<PathBuf>,
     /// Embedded server: where its HTTP API listens [default: 127.0.0.1:8889]
+    #[arg(help_heading = "Server")]
     #[arg(long, value_name = "ADDR", env = "JOBMGR_HTTP")]
     pub http: Option<String>,
     /// Embedded server: where its Bedrock port listens, or "none" [default: 127.0.0.1:8888]
+    #[arg(help_heading = "Server")]
     #[arg(long, value_name = "ADDR", env = "JOBMGR_BEDROCK")]
     pub bedrock: Option<String>,
     /// Embedded server: further names its HTTP API answers to in the Host header, besides its address and localhost ("*" for any) [default: none]
+    #[arg(help_heading = "Server")]
     #[arg(
         long = "allowed-host",
         value_name = "NAME",
@@ -154,6 +194,7 @@ pub struct SupervisorOptions {
     )]
     pub allowed_hosts: Option<Vec<String>>,
     /// Embedded server: web origins (https://ops.example.com) whose pages may call its HTTP API ("*" for any) [default: none]
+    #[arg(help_heading = "Server")]
     #[arg(
         long = "allowed-origin",
         value_name = "ORIGIN",
@@ -162,54 +203,71 @@ pub struct SupervisorOptions {
     )]
     pub allowed_origins: Option<Vec<String>>,
     /// When running as root: the one user every worker runs as [default: a uid of each job's own, from --worker-uids]; "root" must be said explicitly; "self" means the supervisor's own user; "dynamic" the default
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "USER", env = "JOBMGR_USER")]
     pub user: Option<String>,
     /// When running as root without --user: the uids jobs run under, one of its own per running job, shared by every supervisor on the host [default: 60706-61183]
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "FIRST-LAST", env = "JOBMGR_WORKER_UIDS")]
     pub worker_uids: Option<String>,
     /// The group workers run as [default: the user's]
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "GROUP", env = "JOBMGR_GROUP")]
     pub group: Option<String>,
     /// The umask workers start with, octal [default: 027]
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "MASK", env = "JOBMGR_UMASK")]
     pub umask: Option<String>,
     /// rlimit: address space per worker process
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "SIZE", env = "JOBMGR_LIMIT_AS")]
     pub limit_as: Option<ByteSize>,
     /// rlimit: CPU time per worker process
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_LIMIT_CPU")]
     pub limit_cpu: Option<HumanDuration>,
     /// rlimit: open files per worker process
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "N", env = "JOBMGR_LIMIT_NOFILE")]
     pub limit_nofile: Option<u64>,
     /// rlimit: processes of the worker's user
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "N", env = "JOBMGR_LIMIT_NPROC")]
     pub limit_nproc: Option<u64>,
     /// rlimit: largest file a worker may write
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "SIZE", env = "JOBMGR_LIMIT_FSIZE")]
     pub limit_fsize: Option<ByteSize>,
     /// rlimit: core dump size [default: 0, no core dumps]
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "SIZE", env = "JOBMGR_LIMIT_CORE")]
     pub limit_core: Option<ByteSize>,
     /// cgroup: memory of a job's whole process tree (needs cgroups)
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "SIZE", env = "JOBMGR_MEMORY_MAX")]
     pub memory_max: Option<ByteSize>,
     /// cgroup: processes of a job's whole tree [default: 4096 where cgroups exist]
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "N", env = "JOBMGR_PIDS_MAX")]
     pub pids_max: Option<u64>,
     /// cgroup: CPUs' worth of time for a job's whole tree, e.g. 0.5 or 2 (needs cgroups)
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "CPUS", env = "JOBMGR_CPU_MAX")]
     pub cpu_max: Option<f64>,
     /// Give workers no network (needs root)
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_NO_NETWORK")]
     pub no_network: Option<bool>,
     /// Make the filesystem read-only for workers except their scratch directory (Landlock)
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_READ_ONLY_FS")]
     pub read_only_fs: Option<bool>,
     /// Give workers a /tmp of their own (needs root)
+    #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_PRIVATE_TMP")]
     pub private_tmp: Option<bool>,
     /// Serve Prometheus metrics on this address (at /metrics) [default: off]
+    #[arg(help_heading = "Logs")]
     #[arg(long, value_name = "ADDR", env = "JOBMGR_METRICS")]
     pub metrics: Option<std::net::SocketAddr>,
     /// Recurring jobs declared in the file (`[[schedule]]` tables).
@@ -421,6 +479,8 @@ impl SupervisorOptions {
             scratch_dir,
             loadavg_path,
             meminfo_path,
+            max_cpu_pressure,
+            cpu_pressure_path,
             token_file,
             bedrock_trust_loopback,
             db,

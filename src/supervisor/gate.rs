@@ -1,11 +1,14 @@
 //! The gate in front of every fetch: is there room for more workers? It
 //! looks at the 1-minute load average (optionally per CPU), the memory
-//! available, a hard cap on concurrent workers, and a ramp that lets
-//! concurrency grow only step by step, because the load average lags behind
-//! the work just started.
+//! available, optionally the CPU pressure (PSI `some avg10`, which does not
+//! lag as the load average does), a hard cap on concurrent workers, and a
+//! ramp that lets concurrency grow only step by step, because the load
+//! average lags behind the work just started. Load and memory are read
+//! through `sysinfo`, or from files in `/proc` format when told (lxcfs in
+//! containers, tests).
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// One reading of the machine.
@@ -15,6 +18,10 @@ pub struct LoadSample {
     pub load1: f64,
     /// Memory available for new work, in bytes.
     pub available_memory: u64,
+    /// CPU pressure, PSI `some avg10` (the share of the last 10 s in which
+    /// some task waited for a CPU, in percent); `None` without a reading
+    /// (no pressure gate, or a kernel without PSI).
+    pub cpu_pressure: Option<f64>,
 }
 
 /// Where readings come from. The real one reads `/proc`; tests point it at
@@ -24,27 +31,59 @@ pub trait LoadSource: Send + Sync {
     fn sample(&self) -> std::io::Result<LoadSample>;
 }
 
-/// Readings from `/proc/loadavg` and `/proc/meminfo` (or files in their
-/// format elsewhere, as lxcfs provides in containers).
+/// The kernel's load average file, read through `sysinfo`.
+pub const LOADAVG: &str = "/proc/loadavg";
+/// The kernel's memory file, read through `sysinfo`.
+pub const MEMINFO: &str = "/proc/meminfo";
+/// The kernel's CPU pressure file (PSI), where the kernel has it.
+pub const CPU_PRESSURE: &str = "/proc/pressure/cpu";
+
+/// The machine's readings: load and available memory through `sysinfo`
+/// (the same values as `/proc/loadavg` and `/proc/meminfo`'s
+/// `MemAvailable`), or from other files in their format (as lxcfs provides
+/// in containers, and tests write); CPU pressure from a file in
+/// `/proc/pressure/cpu` format, when asked for.
 #[derive(Debug, Clone)]
 pub struct ProcLoad {
-    /// A file in `/proc/loadavg` format.
+    /// A file in `/proc/loadavg` format; [`LOADAVG`] means "through sysinfo".
     pub loadavg: PathBuf,
-    /// A file in `/proc/meminfo` format.
+    /// A file in `/proc/meminfo` format; [`MEMINFO`] means "through sysinfo".
     pub meminfo: PathBuf,
+    /// A file in `/proc/pressure/cpu` format, read only when set (the
+    /// pressure gate is on); missing, it gives no reading.
+    pub cpu_pressure: Option<PathBuf>,
 }
 
 impl Default for ProcLoad {
     fn default() -> Self {
         ProcLoad {
-            loadavg: "/proc/loadavg".into(),
-            meminfo: "/proc/meminfo".into(),
+            loadavg: LOADAVG.into(),
+            meminfo: MEMINFO.into(),
+            cpu_pressure: None,
         }
     }
 }
 
 impl LoadSource for ProcLoad {
     fn sample(&self) -> std::io::Result<LoadSample> {
+        let (load1, available_memory) = (self.load1()?, self.available_memory()?);
+        let cpu_pressure = match &self.cpu_pressure {
+            Some(path) => read_cpu_pressure(path)?,
+            None => None,
+        };
+        Ok(LoadSample {
+            load1,
+            available_memory,
+            cpu_pressure,
+        })
+    }
+}
+
+impl ProcLoad {
+    fn load1(&self) -> std::io::Result<f64> {
+        if self.loadavg == Path::new(LOADAVG) {
+            return Ok(sysinfo::System::load_average().one);
+        }
         let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
         let loadavg = std::fs::read_to_string(&self.loadavg)?;
         let load1 = loadavg
@@ -53,6 +92,16 @@ impl LoadSource for ProcLoad {
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|v| v.is_finite() && *v >= 0.0)
             .ok_or_else(|| invalid(format!("{} has no load average", self.loadavg.display())))?;
+        Ok(load1)
+    }
+
+    fn available_memory(&self) -> std::io::Result<u64> {
+        if self.meminfo == Path::new(MEMINFO) {
+            let mut system = sysinfo::System::new();
+            system.refresh_memory();
+            return Ok(system.available_memory());
+        }
+        let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
         let meminfo = std::fs::read_to_string(&self.meminfo)?;
         let available_kib = meminfo
             .lines()
@@ -65,11 +114,33 @@ impl LoadSource for ProcLoad {
                     self.meminfo.display()
                 ))
             })?;
-        Ok(LoadSample {
-            load1,
-            available_memory: available_kib.saturating_mul(1024),
-        })
+        Ok(available_kib.saturating_mul(1024))
     }
+}
+
+/// The `some avg10` of a file in `/proc/pressure/cpu` format; `None` when
+/// the file does not exist (a kernel without PSI).
+pub fn read_cpu_pressure(path: &Path) -> std::io::Result<Option<f64>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    text.lines()
+        .find_map(|line| line.strip_prefix("some "))
+        .and_then(|rest| {
+            rest.split_whitespace()
+                .find_map(|field| field.strip_prefix("avg10="))
+        })
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(Some)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} has no \"some avg10=\" reading", path.display()),
+            )
+        })
 }
 
 /// The gate's settings.
@@ -79,6 +150,9 @@ pub struct GateLimits {
     pub max_load: f64,
     /// The least available memory, in bytes, at which new work starts.
     pub min_available_memory: u64,
+    /// The CPU pressure (percent, `some avg10`) at or above which no new
+    /// work starts; `None`: no pressure gate.
+    pub max_cpu_pressure: Option<f64>,
     /// The most workers at once, whatever the load.
     pub max_workers: usize,
     /// How many more concurrent workers are allowed each second, starting
@@ -94,6 +168,13 @@ pub enum Closed {
         /// The reading.
         load: f64,
         /// The limit.
+        max: f64,
+    },
+    /// CPU pressure is at or above the limit.
+    Pressure {
+        /// The reading, percent.
+        pressure: f64,
+        /// The limit, percent.
         max: f64,
     },
     /// Available memory is below the floor.
@@ -125,6 +206,10 @@ impl fmt::Display for Closed {
             Closed::Load { load, max } => {
                 write!(f, "load {load:.2} is at or above max-load {max:.2}")
             }
+            Closed::Pressure { pressure, max } => write!(
+                f,
+                "CPU pressure {pressure:.2}% is at or above max-cpu-pressure {max:.2}%"
+            ),
             Closed::Memory { available, floor } => write!(
                 f,
                 "available memory {} MiB is below the floor of {} MiB",
@@ -144,11 +229,12 @@ impl fmt::Display for Closed {
 }
 
 impl Closed {
-    /// A short name for logs and metrics: `load`, `memory`, `full`, `ramp`,
-    /// `unreadable`.
+    /// A short name for logs and metrics: `load`, `pressure`, `memory`,
+    /// `full`, `ramp`, `unreadable`.
     pub fn name(&self) -> &'static str {
         match self {
             Closed::Load { .. } => "load",
+            Closed::Pressure { .. } => "pressure",
             Closed::Memory { .. } => "memory",
             Closed::Full { .. } => "full",
             Closed::Ramp { .. } => "ramp",
@@ -215,6 +301,14 @@ impl Gate {
                 max: self.limits.max_load,
             });
         }
+        if let (Some(pressure), Some(max)) = (sample.cpu_pressure, self.limits.max_cpu_pressure)
+            && pressure >= max
+        {
+            // Like the load: the ramp starts again from what runs now.
+            self.ceiling = running.max(self.limits.ramp).min(max_workers);
+            self.last_raise = now;
+            return Err(Closed::Pressure { pressure, max });
+        }
         if sample.available_memory < self.limits.min_available_memory {
             return Err(Closed::Memory {
                 available: sample.available_memory,
@@ -261,6 +355,7 @@ mod tests {
         GateLimits {
             max_load: 4.0,
             min_available_memory: 100,
+            max_cpu_pressure: Some(50.0),
             max_workers: 10,
             ramp: 2,
         }
@@ -270,6 +365,7 @@ mod tests {
         Fixed(Mutex::new(LoadSample {
             load1,
             available_memory: mem,
+            cpu_pressure: None,
         }))
     }
 
@@ -342,15 +438,73 @@ mod tests {
         let load = ProcLoad {
             loadavg: loadavg.clone(),
             meminfo,
+            cpu_pressure: None,
         };
         assert_eq!(
             load.sample().unwrap(),
             LoadSample {
                 load1: 1.5,
-                available_memory: 512 * 1024
+                available_memory: 512 * 1024,
+                cpu_pressure: None,
             }
         );
         std::fs::write(&loadavg, "garbage").unwrap();
         assert!(load.sample().is_err());
+    }
+
+    #[test]
+    fn cpu_pressure_closes_the_gate_and_is_read_from_psi_files() {
+        let mut gate = Gate::new(limits());
+        let now = Instant::now();
+        let pressed = Fixed(Mutex::new(LoadSample {
+            load1: 0.1,
+            available_memory: 1000,
+            cpu_pressure: Some(50.0),
+        }));
+        assert_eq!(
+            gate.check(0, &pressed, now),
+            Err(Closed::Pressure {
+                pressure: 50.0,
+                max: 50.0
+            })
+        );
+        pressed.0.lock().unwrap().cpu_pressure = Some(49.9);
+        assert_eq!(gate.check(0, &pressed, now), Ok(2));
+
+        let dir = tempfile::tempdir().unwrap();
+        let psi = dir.path().join("cpu");
+        std::fs::write(
+            &psi,
+            "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n",
+        )
+        .unwrap();
+        assert_eq!(read_cpu_pressure(&psi).unwrap(), Some(12.5));
+        assert_eq!(read_cpu_pressure(&dir.path().join("absent")).unwrap(), None);
+        std::fs::write(&psi, "full avg10=1.00\n").unwrap();
+        assert!(read_cpu_pressure(&psi).is_err());
+    }
+
+    #[test]
+    fn sysinfo_reads_what_proc_says() {
+        // The same values through sysinfo as from the files by hand (the
+        // load may move between the two reads: compare loosely).
+        let through_sysinfo = ProcLoad::default().sample().unwrap();
+        let text = std::fs::read_to_string(LOADAVG).unwrap();
+        let by_hand: f64 = text.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(
+            (through_sysinfo.load1 - by_hand).abs() < 2.0,
+            "{through_sysinfo:?} vs {by_hand}"
+        );
+        let meminfo = std::fs::read_to_string(MEMINFO).unwrap();
+        let kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let by_hand = kib * 1024;
+        let off = through_sysinfo.available_memory.abs_diff(by_hand);
+        assert!(off < by_hand / 10, "{through_sysinfo:?} vs {by_hand}");
     }
 }

@@ -104,6 +104,14 @@ impl Settings {
             max_load *= cpus as f64;
         }
         let max_workers = options.max_workers.unwrap_or((2 * cpus).max(2));
+        let max_cpu_pressure = match options.max_cpu_pressure {
+            Some(pct) if !(pct.is_finite() && pct > 0.0 && pct <= 100.0) => {
+                return Err(setting(format!(
+                    "max-cpu-pressure must be a percentage above 0 and at most 100, not {pct}"
+                )));
+            }
+            other => other,
+        };
         if max_workers == 0 {
             return Err(setting("max-workers must be at least 1".into()));
         }
@@ -168,6 +176,7 @@ impl Settings {
             gate: GateLimits {
                 max_load,
                 min_available_memory: options.min_memory.map_or(128 << 20, |s| s.0),
+                max_cpu_pressure,
                 max_workers,
                 ramp: options.ramp.unwrap_or(cpus).max(1),
             },
@@ -195,6 +204,7 @@ impl Settings {
                     .meminfo_path
                     .clone()
                     .unwrap_or_else(|| "/proc/meminfo".into()),
+                cpu_pressure: max_cpu_pressure.map(|_| cpu_pressure_path(options)),
             },
             job: job_settings(options, None)?,
             rules,
@@ -392,6 +402,19 @@ impl Settings {
             ("loadavg-path", path(&self.load.loadavg)),
             ("meminfo-path", path(&self.load.meminfo)),
             (
+                "max-cpu-pressure",
+                optional(self.gate.max_cpu_pressure.map(|p| format!("{p:.2}"))),
+            ),
+            (
+                "cpu-pressure-path",
+                path(
+                    self.load
+                        .cpu_pressure
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new(super::gate::CPU_PRESSURE)),
+                ),
+            ),
+            (
                 "user",
                 optional(sandbox.user.as_deref().map(text))
                     .replace("# not set", "# not set: as root, a uid of each job's own"),
@@ -428,4 +451,12 @@ impl Settings {
             ("private-tmp", sandbox.private_tmp.to_string()),
         ]
     }
+}
+
+/// Where CPU pressure is read: `cpu-pressure-path`, else the kernel's file.
+pub fn cpu_pressure_path(options: &SupervisorOptions) -> PathBuf {
+    options
+        .cpu_pressure_path
+        .clone()
+        .unwrap_or_else(|| super::gate::CPU_PRESSURE.into())
 }

@@ -85,11 +85,11 @@ fn create_prints_the_job_id() {
 }
 
 #[test]
-fn get_waits_for_a_job_created_while_it_waits() {
+fn take_waits_for_a_job_created_while_it_waits() {
     let server = Server::start();
     let api = server.api();
     let (result, id) = std::thread::scope(|scope| {
-        let waiter = scope.spawn(|| cli(&server, &["get", "cli-wait/*", "--wait", "30s"]));
+        let waiter = scope.spawn(|| cli(&server, &["take", "cli-wait/*", "--wait", "30s"]));
         poll("the CLI's dequeue to be held", || {
             let (_, health) = api.get("/healthz");
             (health["waiting"].as_u64() == Some(1)).then_some(())
@@ -111,15 +111,80 @@ fn get_waits_for_a_job_created_while_it_waits() {
 }
 
 #[test]
-fn get_with_nothing_due_exits_3() {
+fn take_with_nothing_due_exits_3() {
     let server = Server::start();
     let api = server.api();
     api.create(json!({"name": "other"}));
     api.create(json!({"name": "cli-later", "firstRun": "2999-01-01 00:00:00"}));
-    let (code, stdout, stderr) = cli(&server, &["get", "cli-*"]);
+    let (code, stdout, stderr) = cli(&server, &["take", "cli-*"]);
     assert_eq!(code, 3, "stdout {stdout:?} stderr {stderr:?}");
     assert!(stderr.contains("No job found"), "stderr: {stderr:?}");
     assert_eq!(stdout, "");
+}
+
+#[test]
+fn take_says_it_leases_the_job_and_how_to_end_it() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "cli-take"}));
+    let (code, stdout, stderr) = cli(
+        &server,
+        &["take", "cli-take", "--lease", "2m", "--format", "text"],
+    );
+    assert_eq!(code, 0, "stdout {stdout:?} stderr {stderr:?}");
+    assert_eq!(api.state(id).as_deref(), Some("RUNNING"));
+    assert!(
+        stdout.contains(&format!("job {id} is leased to you for 2m")),
+        "{stdout:?}"
+    );
+    let lease = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("lease: "))
+        .expect("the job's lease line");
+    assert!(!lease.is_empty(), "{stdout:?}");
+    for how in ["finish", "fail", "retry"] {
+        let command = format!("jobmgr job {how} {id} --lease {lease}");
+        assert!(stdout.contains(&command), "{command}: {stdout:?}");
+    }
+
+    // As JSON, stdout stays one JSON job; the note goes to stderr.
+    let id = api.create(json!({"name": "cli-take-json"}));
+    let (code, stdout, stderr) = cli(&server, &["take", "cli-take-json"]);
+    assert_eq!(code, 0, "stdout {stdout:?} stderr {stderr:?}");
+    let job: Value = serde_json::from_str(stdout.trim()).expect("JSON job");
+    assert_eq!(job["jobID"], id);
+    assert!(stderr.contains("leased to you for 5m"), "{stderr:?}");
+
+    // Its help says so too.
+    let (code, help, _) = cli(&server, &["take", "--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        help.contains("leased to you") && help.contains("job query ID"),
+        "{help}"
+    );
+}
+
+#[test]
+fn get_is_a_deprecated_hidden_alias_of_take() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "cli-get-old"}));
+    let (code, stdout, stderr) = cli(&server, &["get", "cli-get-old"]);
+    assert_eq!(code, 0, "stdout {stdout:?} stderr {stderr:?}");
+    let job: Value = serde_json::from_str(stdout.trim()).expect("JSON job");
+    assert_eq!(job["jobID"], id);
+    assert_eq!(api.state(id).as_deref(), Some("RUNNING"));
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("deprecated"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr:?}");
+    assert!(warnings[0].contains("jobmgr job take"), "{stderr:?}");
+
+    // Hidden from the list of subcommands, which shows `take`.
+    let (_, help, _) = cli(&server, &["--help"]);
+    assert!(help.contains("  take "), "{help}");
+    assert!(!help.contains("  get "), "{help}");
 }
 
 #[test]
@@ -168,7 +233,7 @@ fn update_replaces_data_and_priority() {
 /// Creates a job and takes it through the CLI; returns its id and lease.
 fn take_with_cli(server: &Server, name: &str, extra: &[&str]) -> (i64, String) {
     let id = server.api().create(json!({"name": name}));
-    let mut args = vec!["get", name];
+    let mut args = vec!["take", name];
     args.extend_from_slice(extra);
     let job = ok_json(server, &args);
     assert_eq!(job["jobID"], id);
@@ -376,12 +441,18 @@ fn a_server_that_is_not_running_exits_1() {
         .expect("addr")
         .port();
     let url = format!("http://127.0.0.1:{port}");
-    for args in [vec!["create", "x"], vec!["get", "*"], vec!["query", "1"]] {
+    for args in [vec!["create", "x"], vec!["take", "*"], vec!["query", "1"]] {
         let (code, stdout, stderr) = cli_at(&url, &args);
         assert_eq!(code, 1, "{args:?}: stdout {stdout:?} stderr {stderr:?}");
         assert!(
             stderr.contains("cannot reach the job server"),
             "{args:?}: {stderr:?}"
         );
+        // Why, from the error's causes, not only "error sending request".
+        assert!(
+            stderr.contains("Connection refused"),
+            "{args:?}: {stderr:?}"
+        );
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr:?}");
     }
 }

@@ -88,7 +88,7 @@ fn the_cli_creates_and_dequeues_over_https_with_the_ca_and_is_refused_without_it
     let ca = pki.path("ca.pem");
     let (code, out, err) = job_cli(&server, Some(&ca), &["create", "OverTls"]);
     assert_eq!(code, 0, "create over https: {out}{err}");
-    let (code, out, err) = job_cli(&server, Some(&ca), &["get", "OverTls"]);
+    let (code, out, err) = job_cli(&server, Some(&ca), &["take", "OverTls"]);
     assert_eq!(code, 0, "dequeue over https: {out}{err}");
     assert!(out.contains("OverTls"), "the job was handed out: {out}");
     // The hostile twin: a client that does not trust the CA is refused.
