@@ -2,14 +2,44 @@
 # Builds the deb and rpm packages into target/packaging/: the release binary
 # (stripped), its shell completions and man page, then `cargo deb` and
 # `cargo generate-rpm` with the metadata in Cargo.toml. Needs cargo-deb and
-# cargo-generate-rpm (`cargo install cargo-deb cargo-generate-rpm`).
+# cargo-generate-rpm (`cargo install cargo-deb cargo-generate-rpm`), and
+# cargo-zigbuild with zig (see below).
+#
+# The packaged binary is linked against glibc 2.28 (`cargo zigbuild`, with
+# zig as the linker and C compiler for rusqlite's SQLite and ring), so that
+# it runs on RHEL/Alma/Rocky 8, Debian 11 and Ubuntu 20.04 and newer, not
+# only on systems as new as the build machine. It refuses a binary that
+# needs a newer glibc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=target/packaging
-cargo build --release --locked
+glibc=2.28
+target="$(uname -m)-unknown-linux-gnu"
+
+# cargo-zigbuild and zig from a venv under target/ (.ci/run makes it:
+# `python3 -m venv target/zig-venv && target/zig-venv/bin/pip install
+# cargo-zigbuild==0.24.0 ziglang==0.17.1`), else from PATH.
+if [ -x target/zig-venv/bin/cargo-zigbuild ]; then
+    export PATH="$PWD/target/zig-venv/bin:$PATH"
+fi
+command -v cargo-zigbuild >/dev/null || {
+    echo "packaging/build.sh: cargo-zigbuild is missing; run:" >&2
+    echo "  python3 -m venv target/zig-venv && target/zig-venv/bin/pip install cargo-zigbuild==0.24.0 ziglang==0.17.1" >&2
+    exit 1
+}
+
+cargo zigbuild --release --locked --target "$target.$glibc"
+bin="target/$target/release/jobmgr"
+needs=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
+if [ "$(printf '%s\n%s\n' "$needs" "$glibc" | sort -V | tail -1)" != "$glibc" ]; then
+    echo "packaging/build.sh: $bin needs glibc $needs, more than $glibc" >&2
+    exit 1
+fi
+echo "$bin needs glibc $needs (at most $glibc)"
+
 mkdir -p "$out"
-strip -o "$out/jobmgr" target/release/jobmgr
+strip -o "$out/jobmgr" "$bin"
 "$out/jobmgr" completions bash >"$out/jobmgr.bash"
 "$out/jobmgr" completions zsh >"$out/_jobmgr"
 "$out/jobmgr" completions fish >"$out/jobmgr.fish"

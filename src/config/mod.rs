@@ -524,36 +524,61 @@ pub struct Layer {
     pub options: SupervisorOptions,
 }
 
+/// The directory of pool files (`/etc/jobmgr/pools/NAME.toml`, one per
+/// `jobmgr@NAME` instance): a main file in a directory of this name is a
+/// pool file, read after the site's drop-ins in `../conf.d`.
+pub const POOLS_DIR: &str = "pools";
+
 /// Reads the configuration files in order: the main file (`config`, else
 /// [`DEFAULT_CONFIG`] if it exists), then `conf.d/*.toml` beside it in name
-/// order. A missing `config` given explicitly is an error.
+/// order. A pool file (a main file in a [`POOLS_DIR`] directory, such as
+/// `/etc/jobmgr/pools/NAME.toml`) comes after the site's drop-ins in the
+/// directory above (`/etc/jobmgr/conf.d/*.toml`), so that site-wide
+/// settings reach every pool and a pool's own settings win over them. A
+/// missing `config` given explicitly is an error.
 pub fn load_layers(config: Option<&Path>) -> Result<Vec<Layer>, ConfigError> {
     let main = config.unwrap_or(Path::new(DEFAULT_CONFIG));
+    let dir = main.parent().unwrap_or(Path::new("."));
     let mut layers = Vec::new();
+    let site = dir
+        .parent()
+        .filter(|_| dir.file_name().is_some_and(|name| name == POOLS_DIR));
+    if let Some(site) = site {
+        layers.extend(drop_ins(&site.join("conf.d"))?);
+    }
     if config.is_some() || main.exists() {
         layers.push(Layer {
             path: main.to_path_buf(),
             options: load_file(main)?,
         });
     }
-    let drop_ins = main.parent().unwrap_or(Path::new(".")).join("conf.d");
-    if drop_ins.is_dir() {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&drop_ins)
-            .map_err(|source| ConfigError::Read {
-                path: drop_ins.clone(),
-                source,
-            })?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
-            .collect();
-        files.sort();
-        for path in files {
-            let options = load_file(&path)?;
-            layers.push(Layer { path, options });
-        }
-    }
+    layers.extend(drop_ins(&dir.join("conf.d"))?);
     Ok(layers)
+}
+
+/// The drop-in files `*.toml` of `dir` in name order, read; none if `dir`
+/// is not a directory.
+fn drop_ins(dir: &Path) -> Result<Vec<Layer>, ConfigError> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| ConfigError::Read {
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let options = load_file(&path)?;
+            Ok(Layer { path, options })
+        })
+        .collect()
 }
 
 /// The files' options merged: a later file's value wins; `[[schedule]]` and
