@@ -74,7 +74,12 @@ fn start_demo(dir: &Path) -> (Demo, String) {
         .find_map(|w| w.strip_prefix("http="))
         .unwrap_or_else(|| panic!("no http= in the ready line {ready:?}"))
         .to_string();
-    (demo, format!("http://{http}"))
+    let http = if http.contains("://") {
+        http
+    } else {
+        format!("http://{http}")
+    };
+    (demo, http)
 }
 
 /// `jobmgr job list` against the demo from `dir`, with `envs`.

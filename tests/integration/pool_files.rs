@@ -13,7 +13,11 @@ use crate::common::*;
 /// returns (exit code, stdout, stderr).
 fn check_config(config: &Path) -> (i32, String, String) {
     let mut command = Command::new(bin());
-    command.arg("check-config").arg("--config").arg(config);
+    command
+        .arg("check-config")
+        .arg("--offline")
+        .arg("--config")
+        .arg(config);
     for (key, _) in std::env::vars() {
         if key.starts_with("JOBMGR_") {
             command.env_remove(key);
@@ -41,12 +45,20 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
+/// The worker directories the configuration names (`workers`, `batch`),
+/// made, since check-config refuses a missing one as start does.
+fn worker_dir(dir: &Path, name: &str) -> String {
+    let path = dir.join("srv").join(name);
+    std::fs::create_dir_all(&path).unwrap();
+    path.display().to_string()
+}
+
 /// An /etc/jobmgr of a host: the README's site drop-in, one pool file and a
 /// drop-in of the pools.
 fn etc(dir: &Path) {
     write(
         &dir.join("jobmgr.toml"),
-        "worker-path = \"/srv/jobmgr/workers\"\n",
+        &format!("worker-path = \"{}\"\n", worker_dir(dir, "workers")),
     );
     write(
         &dir.join("conf.d/10-site.toml"),
@@ -54,7 +66,10 @@ fn etc(dir: &Path) {
     );
     write(
         &dir.join("pools/batch.toml"),
-        "job-name = \"batch/*\"\nworker-path = \"/srv/jobmgr/batch\"\nmax-workers = 2\n",
+        &format!(
+            "job-name = \"batch/*\"\nworker-path = \"{}\"\nmax-workers = 2\n",
+            worker_dir(dir, "batch")
+        ),
     );
     write(&dir.join("pools/conf.d/10-pools.toml"), "max-workers = 4\n");
 }
@@ -91,7 +106,7 @@ fn a_pool_file_reads_the_site_drop_ins_first_and_its_own_settings_win() {
     );
     // The main file is the host's default supervisor's, not the pool's.
     assert!(
-        !line(&out, "worker-path").contains("/srv/jobmgr/workers"),
+        !line(&out, "worker-path").contains("srv/workers"),
         "a pool file read /etc/jobmgr/jobmgr.toml:\n{out}"
     );
 }
@@ -105,7 +120,10 @@ fn a_bad_site_drop_in_is_named_for_a_pool_and_other_directories_do_not_read_it()
     let elsewhere = etc_dir.join("other/batch.toml");
     write(
         &elsewhere,
-        "job-name = \"batch/*\"\nworker-path = \"/srv/jobmgr/batch\"\n",
+        &format!(
+            "job-name = \"batch/*\"\nworker-path = \"{}\"\n",
+            worker_dir(etc_dir, "batch")
+        ),
     );
     let (code, out, err) = check_config(&elsewhere);
     assert_eq!(code, 0, "{err}");
