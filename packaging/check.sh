@@ -200,7 +200,9 @@ grep -q '^max-workers = 3 *# file /etc/jobmgr/conf.d/10-fleet.toml' "$tmp/check-
     fail "check-config does not read the conf.d drop-in"
 # The site's drop-ins reach pool instances too, before the pool file.
 printf 'kill-grace = "7s"\n' >"$root/etc/jobmgr/conf.d/20-site.toml"
-in_root jobmgr check-config --config /etc/jobmgr/pools/example.toml >"$tmp/pool-config" || true
+mkdir -p "$root/srv/jobmgr/batch"
+in_root jobmgr check-config --offline --config /etc/jobmgr/pools/example.toml >"$tmp/pool-config" ||
+    fail "check-config refused the example pool file: $(cat "$tmp/pool-config")"
 grep -q '^kill-grace = "7s" *# file /etc/jobmgr/conf.d/20-site.toml' "$tmp/pool-config" ||
     fail "a pool instance does not read /etc/jobmgr/conf.d: $(cat "$tmp/pool-config")"
 grep -q '^max-workers = 2 *# file /etc/jobmgr/pools/example.toml' "$tmp/pool-config" ||
@@ -274,7 +276,8 @@ cp "$deb" "$root/tmp/jobmgr.deb"
 in_root dpkg -i /tmp/jobmgr.deb
 in_root jobmgr --version | tee "$tmp/version"
 grep -q "${version%%-*}" "$tmp/version" || fail "jobmgr --version does not run on bullseye"
-in_root jobmgr check-config >/dev/null || fail "jobmgr check-config does not run on bullseye"
+mkdir -p "$root/srv/jobmgr/workers"
+in_root jobmgr check-config --offline >/dev/null || fail "jobmgr check-config does not run on bullseye"
 # A server started briefly, and a job created and read back through it.
 mkdir -p "$root/tmp/server"
 in_root jobmgr server --db /tmp/server/jobs.db --http 127.0.0.1:0 --bedrock none \
