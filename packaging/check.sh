@@ -73,7 +73,8 @@ needs=$(objdump -T "$tmp/deb-files/usr/bin/jobmgr" | grep -o 'GLIBC_[0-9.]*' | s
 echo "/usr/bin/jobmgr needs glibc $needs"
 [ "$(printf '%s\n2.28\n' "$needs" | sort -V | tail -1)" = 2.28 ] ||
     fail "the packaged binary needs glibc $needs, more than 2.28 (is packaging/build.sh still a cargo zigbuild?)"
-libc6=$(dpkg-deb -f "$deb" Depends | grep -o 'libc6 (>= [0-9.]*)' | grep -o '[0-9][0-9.]*' || echo 0)
+libc6=$(dpkg-deb -f "$deb" Depends | sed -n 's/.*libc6 (>= \([0-9.]*\)).*/\1/p')
+[ -n "$libc6" ] || fail "the deb does not depend on libc6 (>= VERSION)"
 [ "$(printf '%s\n2.28\n' "$libc6" | sort -V | tail -1)" = 2.28 ] ||
     fail "the deb depends on libc6 >= $libc6, more than 2.28"
 
