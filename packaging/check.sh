@@ -28,7 +28,7 @@ version=$(dpkg-deb -f "$deb" Version)
 tmp=$(mktemp -d)
 root="$tmp/root"
 cleanup() {
-    for r in "$root" "$tmp/bullseye"; do
+    for r in "$tmp/root" "$tmp/bullseye"; do
         if mountpoint -q "$r/proc" 2>/dev/null; then umount "$r/proc"; fi
     done
     rm -rf --one-file-system "$tmp"
@@ -291,7 +291,8 @@ for _ in $(seq 300); do
 done
 addr=$(grep -o 'http=[^ ]*' "$tmp/server.out" | head -1 | cut -d= -f2)
 [ -n "$addr" ] || { kill "$server" 2>/dev/null; fail "the server did not start on bullseye: $(cat "$tmp/server.err")"; }
-job() { in_root jobmgr job "$@" --server "http://$addr" --token-file /tmp/server/token --format json; }
+case "$addr" in *://*) ;; *) addr="http://$addr" ;; esac
+job() { in_root jobmgr job "$@" --server "$addr" --token-file /tmp/server/token --format json; }
 id=$(job create Hello --data '{"who":"bullseye"}' | grep -o '"jobID": *[0-9]*' | grep -o '[0-9]*$') ||
     { kill "$server"; fail "cannot create a job on bullseye"; }
 job query "$id" | grep -q bullseye || { kill "$server"; fail "cannot read job $id back on bullseye"; }
