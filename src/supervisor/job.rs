@@ -46,7 +46,10 @@ impl JobTask {
     /// than the last failure recorded in the job's data.
     fn attempt(&self) -> i64 {
         if self.job.handout.contains_key("attempt") {
-            return (self.job.attempt - super::no_worker::no_worker_hand_backs(&self.job.data))
+            return self
+                .job
+                .attempt
+                .saturating_sub(super::no_worker::no_worker_hand_backs(&self.job.data))
                 .max(1);
         }
         self.job
@@ -54,7 +57,7 @@ impl JobTask {
             .get(DETAILS_KEY)
             .and_then(|d| d.get("attempt"))
             .and_then(Value::as_i64)
-            .map_or(1, |a| a + 1)
+            .map_or(1, |a| a.saturating_add(1).max(1))
     }
 
     /// Whether the job repeats.

@@ -43,6 +43,9 @@ pub fn decide(reason: &str, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision
         .and_then(|d| d.get(NO_WORKER_SINCE))
         .and_then(Value::as_str)
         .and_then(crate::protocol::Timestamp::parse)
+        // A time still to come (a hostile or skewed value) counts from now,
+        // so that it cannot put the timeout off for ever.
+        .filter(|since| since.0 <= now.0)
         .unwrap_or(now);
     let waited = Duration::from_millis(now.0.saturating_sub(since.0).max(0) as u64);
     let hand_backs = no_worker_hand_backs(job.data);
@@ -83,8 +86,8 @@ pub fn decide(reason: &str, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision
     // the details' `attempt`, so this hand-back leaves it where it was.
     let data = fitted(
         job.data,
-        json!({"outcome": "no_worker", "reason": reason, "attempt": job.attempt - 1,
-               NO_WORKER_SINCE: since.to_string(), NO_WORKER_HAND_BACKS: hand_backs + 1}),
+        json!({"outcome": "no_worker", "reason": reason, "attempt": job.attempt.saturating_sub(1),
+               NO_WORKER_SINCE: since.to_string(), NO_WORKER_HAND_BACKS: hand_backs.saturating_add(1)}),
     );
     Decision {
         report: Some(Report::Retry {
@@ -196,5 +199,33 @@ mod tests {
         };
         assert_eq!(no_worker_hand_backs(&sent), 2);
         assert!(sent[DETAILS_KEY].get(NO_WORKER_SINCE).is_none());
+    }
+
+    #[test]
+    fn hostile_clock_and_count_in_the_data_cannot_put_the_timeout_off_or_overflow() {
+        let policy = policy();
+        let why = NotRun::NoWorker("no worker X".into());
+        let mut data = Data::new();
+        data.insert(
+            DETAILS_KEY.into(),
+            json!({NO_WORKER_SINCE: "2999-01-01 00:00:00", NO_WORKER_HAND_BACKS: i64::MAX}),
+        );
+        let decision = decide_not_run(&why, job(&data, i64::MIN, false), &policy);
+        let Some(Report::Retry {
+            data: Some(sent), ..
+        }) = decision.report
+        else {
+            panic!("{decision:?}")
+        };
+        let since = sent[DETAILS_KEY][NO_WORKER_SINCE].as_str().unwrap();
+        assert!(
+            !since.starts_with("2999"),
+            "a time to come was kept as the first hand-back's: {since}"
+        );
+        assert_eq!(
+            no_worker_hand_backs(&sent),
+            i64::MAX,
+            "saturated, not wrapped"
+        );
     }
 }
