@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the deb and rpm packages into target/packaging/: the release binary
-# (stripped), its shell completions and man page, then `cargo deb` and
-# `cargo generate-rpm` with the metadata in Cargo.toml. Needs cargo-deb and
-# cargo-generate-rpm (`cargo install cargo-deb cargo-generate-rpm`), and
-# cargo-zigbuild with zig (see below).
+# (stripped), its shell completions and man page, then `cargo deb` with the
+# metadata in Cargo.toml and `rpmbuild` with packaging/rpm/jobmgr.spec. Needs
+# cargo-deb (`cargo install cargo-deb`), rpmbuild (Debian's `rpm` package),
+# and cargo-zigbuild with zig (see below).
 #
 # The packaged binary is linked against glibc 2.28 (`cargo zigbuild`, with
 # zig as the linker and C compiler for rusqlite's SQLite and ring), so that
@@ -47,5 +47,11 @@ strip -o "$out/jobmgr" "$bin"
 
 rm -f "$out"/*.deb "$out"/*.rpm
 cargo deb --no-build --no-strip --locked --output "$out/" "$@"
-cargo generate-rpm --output "$out/"
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+rpmtop=$(mktemp -d)
+trap 'rm -rf "$rpmtop"' EXIT
+rpmbuild -bb --quiet packaging/rpm/jobmgr.spec \
+    --define "_topdir $rpmtop" --define "_sourcedir $PWD" --define "_rpmdir $rpmtop/rpms" \
+    --define "version $version" --define "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm"
+mv "$rpmtop"/rpms/jobmgr-*.rpm "$out/"
 ls -l "$out"/*.deb "$out"/*.rpm

@@ -8,7 +8,7 @@
 # then the .deb in an old distribution's root (Debian 11, glibc 2.31): the
 # packaged binary is linked against glibc 2.28 and must run there.
 # Run as root: `bash packaging/check.sh`.
-# Needs cargo-deb, cargo-generate-rpm, rpm, debootstrap and systemd-container.
+# Needs cargo-deb, rpm (rpmbuild), debootstrap and systemd-container.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -88,10 +88,17 @@ rpm -qp --configfiles "$rpm" | grep -qx /etc/jobmgr/jobmgr.toml ||
 rpm -qp --queryformat '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$rpm" |
     grep -q '^cn /etc/jobmgr/jobmgr.toml$' ||
     fail "the rpm's config file is not %config(noreplace)"
-# Left open: cargo-generate-rpm (0.21.1, the newest) gives an rpm's
-# description as its summary and cannot own an empty directory, so the rpm
-# does not own /etc/jobmgr, conf.d, pools or /var/lib/jobmgr (its %post makes
-# them).
+description=$(rpm -qp --queryformat '%{DESCRIPTION}' "$rpm")
+[ "$description" != "$(rpm -qp --queryformat '%{SUMMARY}' "$rpm")" ] ||
+    fail "the rpm's description is only its summary"
+grep -q "long-polls a job server" <<<"$description" ||
+    fail "the rpm's description is not packaging/description.txt: $description"
+# The C library it asks for is the one the binary is linked against (2.28).
+glibc_wanted=$(rpm -qpR "$rpm" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
+echo "the rpm requires glibc $glibc_wanted"
+[ -n "$glibc_wanted" ] || fail "the rpm does not require the C library"
+[ "$(printf '%s\n2.28\n' "$glibc_wanted" | sort -V | tail -1)" = 2.28 ] ||
+    fail "the rpm requires glibc $glibc_wanted, more than 2.28"
 
 step "rpm: contents"
 rpm -qlp "$rpm"
@@ -102,6 +109,26 @@ done
 for unit in $units; do
     grep -qx "/usr/lib/systemd/system/$unit" <<<"$rpm_paths" || fail "the rpm lacks the unit $unit"
 done
+# The rpm owns its directories (rpm -qf names it; erasing it removes them
+# when empty), with the modes the service expects.
+rpm_dirs=$(rpm -qp --queryformat '[%{FILEMODES:perms} %{FILEUSERNAME}:%{FILEGROUPNAME} %{FILENAMES}\n]' "$rpm")
+for dir in "drwxr-xr-x root:root /etc/jobmgr" "drwxr-xr-x root:root /etc/jobmgr/conf.d" \
+    "drwxr-xr-x root:root /etc/jobmgr/pools" "drwx--x--x root:root /var/lib/jobmgr"; do
+    grep -qx "$dir" <<<"$rpm_dirs" || fail "the rpm does not own the directory: $dir"
+done
+
+step "rpm: installed into an empty root (rpm --root, without scriptlets)"
+rpm --root "$tmp/rpm-root" --initdb
+rpm --root "$tmp/rpm-root" -i --nodeps --noscripts "$rpm"
+[ "$(stat -c %a "$tmp/rpm-root/var/lib/jobmgr")" = 711 ] || fail "the rpm's /var/lib/jobmgr is not mode 0711"
+[ -d "$tmp/rpm-root/etc/jobmgr/conf.d" ] && [ -d "$tmp/rpm-root/etc/jobmgr/pools" ] ||
+    fail "the rpm did not make /etc/jobmgr/conf.d and pools"
+rpm --root "$tmp/rpm-root" -qf /etc/jobmgr/conf.d | grep -q '^jobmgr-' ||
+    fail "/etc/jobmgr/conf.d does not belong to the rpm"
+rpm --root "$tmp/rpm-root" -e --nodeps --noscripts jobmgr
+[ ! -e "$tmp/rpm-root/etc/jobmgr/pools" ] || fail "erasing the rpm left its empty /etc/jobmgr/pools"
+[ ! -e "$tmp/rpm-root/usr/bin/jobmgr" ] || fail "erasing the rpm left /usr/bin/jobmgr"
+echo "rpm: installed and erased in $tmp/rpm-root"
 
 step "maintainer scripts: sh -n"
 dpkg-deb -e "$deb" "$tmp/control"
