@@ -186,3 +186,60 @@ fn a_supervisor_started_without_paths_keeps_its_files_in_the_tests_own_directory
     }
     sup.stop();
 }
+
+/// The fault proxy forwards both ways; a cut breaks the live connection and
+/// refuses new ones; a restore lets new ones through.
+#[test]
+fn the_fault_proxy_forwards_cuts_and_restores() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = echo.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in echo.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                let mut line = String::new();
+                while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                    if writer.write_all(line.as_bytes()).is_err() {
+                        break;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    let proxy = FaultProxy::start(&target);
+    let exchange = |stream: &mut TcpStream, text: &str| -> Option<String> {
+        stream.set_read_timeout(Some(DEADLINE)).unwrap();
+        stream.write_all(format!("{text}\n").as_bytes()).ok()?;
+        let mut line = String::new();
+        let n = BufReader::new(stream.try_clone().ok()?)
+            .read_line(&mut line)
+            .ok()?;
+        (n > 0).then(|| line.trim_end().to_string())
+    };
+
+    let mut live = TcpStream::connect(proxy.addr()).unwrap();
+    assert_eq!(exchange(&mut live, "one").as_deref(), Some("one"));
+    assert_eq!(proxy.connections(), 1);
+
+    proxy.cut();
+    assert_eq!(
+        exchange(&mut live, "two"),
+        None,
+        "a cut connection still answered"
+    );
+    let mut refused = TcpStream::connect(proxy.addr()).unwrap();
+    assert_eq!(
+        exchange(&mut refused, "three"),
+        None,
+        "a new connection got through a cut"
+    );
+
+    proxy.restore();
+    let mut again = TcpStream::connect(proxy.addr()).unwrap();
+    assert_eq!(exchange(&mut again, "four").as_deref(), Some("four"));
+}

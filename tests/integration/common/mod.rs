@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+mod fault_proxy;
 mod process;
 mod waits;
+pub use fault_proxy::FaultProxy;
 pub use process::*;
 pub use waits::*;
 
