@@ -6,6 +6,7 @@ pub mod admission;
 pub mod bedrock;
 pub mod calendar;
 pub mod http;
+mod layers;
 pub mod ledger;
 pub mod queue;
 pub mod store;

@@ -2,14 +2,14 @@
 //! every attempt (who ran it, when, how it ended, the tail of its output),
 //! the archive of ended jobs, hourly statistics per job name and per
 //! supervisor, the registry of supervisors, and failure groups. The queue's
-//! rules write it in the same transaction as the change it records;
+//! rules write it in the same transaction as the change it records (through
+//! `queue::record`, so that the ledger never depends on the queue);
 //! [`retention`] purges it.
 //!
 //! None of it changes what a Bedrock client sees.
 
 pub mod failure;
 pub mod histogram;
-pub mod record;
 pub mod retention;
 pub mod summary;
 pub mod utilisation;

@@ -5,6 +5,7 @@
 
 mod clock;
 pub mod idempotency;
+mod record;
 pub mod reports;
 mod rules;
 mod scheduler;

@@ -7,15 +7,16 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
+use super::record;
 use super::{Queue, rules};
 use crate::protocol::view::query_json;
 use crate::protocol::{Job, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
+use crate::server::ledger::failure;
 use crate::server::ledger::retention::millis;
 use crate::server::ledger::utilisation::heard_span;
 use crate::server::ledger::{
     ArchivedJob, Attempt, FailureGroup, HOUR_MS, PurgeCounts, StatsRow, WorkerStatsRow,
 };
-use crate::server::ledger::{failure, record};
 use crate::server::store::{ArchiveQuery, PurgeLimits};
 
 /// One day in milliseconds.

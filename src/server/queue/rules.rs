@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use super::record::{self, Leaves};
 use super::tracked::Tracked;
 use crate::protocol::view::HandOut;
 use crate::protocol::{
@@ -12,7 +13,6 @@ use crate::protocol::{
     Repeat, RepeatBase, RequeueJobs, RetryAfter, RetryJob, Timestamp, UpdateJob, check_name,
 };
 use crate::server::calendar;
-use crate::server::ledger::record::{self, Leaves};
 
 /// Hand-outs of a `retryAfter` job without a report after which it fails.
 pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use super::failure::{self, LEASE_LOST, NO_REPORT};
-use super::utilisation::heard_span;
-use super::{ArchivedJob, Attempt, AttemptEnd, StatsDelta, hour_of};
+use super::tracked::Tracked;
 use crate::protocol::{Data, Job, JobError, JobId, JobState, RunFacts, Timestamp, WorkerInfo};
-use crate::server::queue::Tracked;
+use crate::server::ledger::failure::{self, LEASE_LOST, NO_REPORT};
+use crate::server::ledger::utilisation::heard_span;
+use crate::server::ledger::{ArchivedJob, Attempt, AttemptEnd, StatsDelta, hour_of};
 
 /// A job was created.
 pub fn created(tx: &mut Tracked, name: &str) -> Result<(), JobError> {
