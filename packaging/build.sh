@@ -47,7 +47,7 @@ strip -o "$out/jobmgr" "$bin"
 
 rm -f "$out"/*.deb "$out"/*.rpm
 cargo deb --no-build --no-strip --locked --output "$out/" "$@"
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | sed -n 1p)
 rpmtop=$(mktemp -d)
 trap 'rm -rf "$rpmtop"' EXIT
 rpmbuild -bb --quiet packaging/rpm/jobmgr.spec \

@@ -10,6 +10,8 @@
 # Run as root: `bash packaging/check.sh`.
 # Needs cargo-deb, rpm (rpmbuild), debootstrap and systemd-container.
 set -euo pipefail
+# No `| head` here: under pipefail, a writer cut off by SIGPIPE fails the
+# pipeline at random; `sed -n 1p` reads to the end.
 cd "$(dirname "$0")/.."
 
 out=target/packaging
@@ -27,7 +29,17 @@ version=$(dpkg-deb -f "$deb" Version)
 
 tmp=$(mktemp -d)
 root="$tmp/root"
+server=
+# Stops the bullseye check's server: its whole process group, then waits.
+stop_server() {
+    if [ -n "$server" ]; then
+        kill -- "-$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+        server=
+    fi
+}
 cleanup() {
+    stop_server
     for r in "$tmp/root" "$tmp/bullseye"; do
         if mountpoint -q "$r/proc" 2>/dev/null; then umount "$r/proc"; fi
     done
@@ -63,7 +75,7 @@ done
 
 changelog=/usr/share/doc/jobmgr/changelog.Debian.gz
 grep -qx "$changelog" <<<"$deb_paths" || fail "the deb has no changelog ($changelog)"
-dpkg-deb --fsys-tarfile "$deb" | tar -xOf - ".$changelog" | zcat | head -1 |
+dpkg-deb --fsys-tarfile "$deb" | tar -xOf - ".$changelog" | zcat | sed -n 1p |
     grep -q "^jobmgr ($version) " ||
     fail "the deb's changelog does not begin with jobmgr ($version): add an entry to packaging/debian/changelog"
 
@@ -299,7 +311,7 @@ fi
 root="$tmp/bullseye"
 cp -a "$old" "$root"
 mount -t proc proc "$root/proc"
-in_root ldd --version | head -1
+in_root ldd --version | sed -n 1p
 cp "$deb" "$root/tmp/jobmgr.deb"
 in_root dpkg -i /tmp/jobmgr.deb
 in_root jobmgr --version | tee "$tmp/version"
@@ -308,7 +320,11 @@ mkdir -p "$root/srv/jobmgr/workers"
 in_root jobmgr check-config --offline >/dev/null || fail "jobmgr check-config does not run on bullseye"
 # A server started briefly, and a job created and read back through it.
 mkdir -p "$root/tmp/server"
-in_root jobmgr server --db /tmp/server/jobs.db --http 127.0.0.1:0 --bedrock none \
+# setsid: the server leads a process group of its own (chroot and env exec
+# into it), so that stopping the group stops the server itself, here or in
+# the cleanup, and no server outlives the check.
+setsid chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    jobmgr server --db /tmp/server/jobs.db --http 127.0.0.1:0 --bedrock none \
     >"$tmp/server.out" 2>"$tmp/server.err" &
 server=$!
 for _ in $(seq 300); do
@@ -316,15 +332,16 @@ for _ in $(seq 300); do
     kill -0 "$server" 2>/dev/null || break
     sleep 0.1
 done
-addr=$(grep -o 'http=[^ ]*' "$tmp/server.out" | head -1 | cut -d= -f2)
-[ -n "$addr" ] || { kill "$server" 2>/dev/null; fail "the server did not start on bullseye: $(cat "$tmp/server.err")"; }
+addr=$(grep -o 'http=[^ ]*' "$tmp/server.out" | sed -n 1p | cut -d= -f2)
+[ -n "$addr" ] || { stop_server; fail "the server did not start on bullseye: $(cat "$tmp/server.err")"; }
 case "$addr" in *://*) ;; *) addr="http://$addr" ;; esac
 job() { in_root jobmgr job "$@" --server "$addr" --token-file /tmp/server/token --format json; }
 id=$(job create Hello --data '{"who":"bullseye"}' | grep -o '"jobID": *[0-9]*' | grep -o '[0-9]*$') ||
-    { kill "$server"; fail "cannot create a job on bullseye"; }
-job query "$id" | grep -q bullseye || { kill "$server"; fail "cannot read job $id back on bullseye"; }
-kill "$server"
-wait "$server" || true
+    { stop_server; fail "cannot create a job on bullseye"; }
+job query "$id" | grep -q bullseye || { stop_server; fail "cannot read job $id back on bullseye"; }
+stop_server
+left=$(for p in /proc/[0-9]*; do [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && echo "${p#/proc/}"; done || true)
+[ -z "$left" ] || fail "processes left running in the bullseye root after its server stopped: $left"
 echo "bullseye: installed, --version, check-config, a server and job $id: ok"
 
 step "packages ok: $(basename "$deb") $(basename "$rpm")"
