@@ -71,6 +71,8 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
             .and_then(|sizes| sizes.get(stream))
             .and_then(Value::as_u64)
     };
+    let stdout = output("stdout", run.and_then(|r| r.stdout.as_ref()));
+    let stderr = output("stderr", run.and_then(|r| r.stderr.as_ref()));
     let kind = details
         .and_then(|d| d.get("outcome"))
         .and_then(Value::as_str)
@@ -85,15 +87,26 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
         failure,
         exit_code,
         signal,
-        stdout: output("stdout", run.and_then(|r| r.stdout.as_ref())),
-        stderr: output("stderr", run.and_then(|r| r.stderr.as_ref())),
-        stdout_bytes: run
-            .and_then(|r| r.stdout_bytes)
-            .or_else(|| output_bytes("stdout")),
-        stderr_bytes: run
-            .and_then(|r| r.stderr_bytes)
-            .or_else(|| output_bytes("stderr")),
+        stdout_bytes: at_least_tail(
+            run.and_then(|r| r.stdout_bytes)
+                .or_else(|| output_bytes("stdout")),
+            &stdout,
+        ),
+        stderr_bytes: at_least_tail(
+            run.and_then(|r| r.stderr_bytes)
+                .or_else(|| output_bytes("stderr")),
+            &stderr,
+        ),
+        stdout,
+        stderr,
     }
+}
+
+/// A reported size, raised to the length of the tail kept (a report that
+/// claims less output than it carries is taken at what it carries).
+fn at_least_tail(reported: Option<u64>, tail: &Option<String>) -> Option<u64> {
+    let kept = tail.as_ref().map_or(0, |t| t.len() as u64);
+    reported.map(|n| n.max(kept))
 }
 
 /// The group for a run's details.
@@ -141,8 +154,10 @@ pub fn error_line(data: &Data, last: Option<&super::Attempt>) -> Option<String> 
 }
 
 /// The last non-empty line of `text` for a listing or a log line: control
-/// characters escaped (so that a worker cannot forge lines of a log or a
-/// terminal's colours), cut to [`ERROR_LINE_CHARS`] characters with `…`.
+/// characters and the invisible ones that reorder or hide text (bidi
+/// overrides, zero-width, line and paragraph separators) escaped, so that a
+/// worker cannot forge lines of a log, a terminal's colours or what a line
+/// appears to say; cut to [`ERROR_LINE_CHARS`] characters with `…`.
 pub fn last_line(text: &str) -> Option<String> {
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
     let line = line.trim_end_matches('\r');
@@ -152,13 +167,20 @@ pub fn last_line(text: &str) -> Option<String> {
             out.push('…');
             break;
         }
-        if c.is_control() {
+        if c.is_control() || invisible(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);
         }
     }
     Some(out)
+}
+
+/// A character that changes how text around it shows without showing
+/// itself: zero-width and direction marks, bidi embeddings, overrides and
+/// isolates, line and paragraph separators, the byte order mark.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
 }
 
 /// The last `max` bytes of `text`, starting on a character boundary.
@@ -310,6 +332,33 @@ mod tests {
         assert_eq!(end.stderr.as_deref(), Some("oops"));
         assert_eq!(end.exit_code, Some(1));
         assert_eq!(tail("héllo", 4), "llo");
+    }
+
+    #[test]
+    fn a_last_line_cannot_forge_a_log_line_or_hide_what_it_says() {
+        let line =
+            last_line("ok\nevil\u{1b}[31mRED\r\u{2028}fake\u{202E}txt.exe\u{200B}\n").unwrap();
+        assert_eq!(
+            line,
+            "evil\\u{1b}[31mRED\\r\\u{2028}fake\\u{202e}txt.exe\\u{200b}"
+        );
+        assert!(!line.chars().any(|c| c.is_control() || invisible(c)));
+        let long = last_line(&"x".repeat(ERROR_LINE_CHARS + 5)).unwrap();
+        assert_eq!(long.chars().count(), ERROR_LINE_CHARS + 1);
+        assert!(long.ends_with('…'));
+    }
+
+    #[test]
+    fn a_reported_size_is_never_less_than_the_output_it_carries() {
+        let run = RunFacts {
+            stderr: Some("four".into()),
+            stderr_bytes: Some(2),
+            stdout_bytes: Some(10),
+            ..RunFacts::default()
+        };
+        let end = reported_end("failed", None, Some(&run));
+        assert_eq!(end.stderr_bytes, Some(4));
+        assert_eq!(end.stdout_bytes, Some(10));
     }
 
     #[test]
