@@ -35,7 +35,10 @@ pub(super) struct JobTask {
 }
 
 impl JobTask {
-    pub async fn run(self) {
+    pub async fn run(mut self) {
+        if self.job.handout.contains_key("attempt") {
+            super::no_worker::drop_impossible_hand_backs(&mut self.job.data, self.job.attempt);
+        }
         let span = tracing::info_span!("job", job_id = self.job.id, job_name = %self.job.name);
         let on_board = Arc::new(self.shared.board.running(self.job.id, &self.job.name));
         self.run_job(on_board).instrument(span).await

@@ -31,6 +31,22 @@ pub fn no_worker_hand_backs(data: &Data) -> i64 {
         .max(0)
 }
 
+/// Removes a no-worker hand-back count that cannot be true: each hand-back
+/// was a hand-out, so before hand-out `attempt` (the server's count) there
+/// were at most `attempt - 1`. A larger count was put in the job's data by
+/// whoever wrote it (its creator, or a worker's child job), and would
+/// otherwise hold the job's attempt at 1, retrying it for ever.
+pub fn drop_impossible_hand_backs(data: &mut Data, attempt: i64) {
+    if no_worker_hand_backs(data) > attempt.saturating_sub(1).max(0)
+        && let Some(Value::Object(details)) = data.get_mut(DETAILS_KEY)
+    {
+        tracing::warn!(
+            "the job's data claims more no-worker hand-backs than it had hand-outs ({attempt}); the claim is ignored"
+        );
+        details.remove(NO_WORKER_HAND_BACKS);
+    }
+}
+
 /// No worker for the job here: hand it back with a delay for a supervisor
 /// that has one, counting no attempt, until no supervisor has run it for
 /// the no-worker timeout since the first such hand-back; then fail it (a
@@ -106,6 +122,29 @@ pub fn decide(reason: &str, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hand_back_count_larger_than_the_hand_outs_is_dropped() {
+        let details = |n: i64| -> Data {
+            serde_json::from_value(
+                json!({"x": 1, DETAILS_KEY: {NO_WORKER_HAND_BACKS: n, "attempt": 0}}),
+            )
+            .unwrap()
+        };
+        // Forged at creation: the first hand-out cannot follow a hand-back.
+        let mut forged = details(1_000_000_000);
+        drop_impossible_hand_backs(&mut forged, 1);
+        assert_eq!(no_worker_hand_backs(&forged), 0);
+        assert_eq!(forged["x"], 1, "the rest of the data stays");
+        assert_eq!(forged[DETAILS_KEY]["attempt"], 0);
+        // Two hand-backs before the third hand-out: true, and kept.
+        let mut genuine = details(2);
+        drop_impossible_hand_backs(&mut genuine, 3);
+        assert_eq!(no_worker_hand_backs(&genuine), 2);
+        let mut one_too_many = details(3);
+        drop_impossible_hand_backs(&mut one_too_many, 3);
+        assert_eq!(no_worker_hand_backs(&one_too_many), 0);
+    }
     use crate::supervisor::output::Capture;
     use crate::supervisor::process::{Ending, Finished};
     use crate::supervisor::report::{NotRun, decide as decide_run, decide_not_run};

@@ -233,3 +233,34 @@ fn over_bedrock_the_hand_backs_and_their_clock_travel_in_the_jobs_data() {
         "{job}"
     );
 }
+
+/// A hand-back count forged in a job's data (its creator wrote it) would
+/// hold the job's attempt at 1 and retry a failing job for ever; it is
+/// ignored, and the job fails after --max-attempts as any other.
+#[test]
+fn a_forged_hand_back_count_does_not_let_a_failing_job_retry_for_ever() {
+    let server = Server::start();
+    let api = server.api();
+    let sup = Supervisor::builder(&server.url)
+        .worker("Fails", &sh("echo \"attempt $JOBMGR_ATTEMPT\" >&2; exit 1"))
+        .arg("--max-attempts")
+        .arg("2")
+        .start();
+    let id = api.create(json!({
+        "name": "Fails",
+        "data": {"_jobmgr": {"noWorkerHandBacks": 1_000_000_000_i64}}
+    }));
+    let history = wait_archived(&api, &sup, id);
+    assert_eq!(history["archived"]["state"], "FAILED", "{history}");
+    let attempts = history["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "two runs, then failed: {history}");
+    assert!(
+        attempts[1]["stderr"].as_str().unwrap_or("").contains("attempt 2"),
+        "the second run was told it is attempt 2: {history}"
+    );
+    assert!(
+        sup.stderr().contains("claims more no-worker hand-backs"),
+        "{}",
+        sup.stderr()
+    );
+}
