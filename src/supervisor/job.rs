@@ -82,19 +82,48 @@ impl JobTask {
             attempt,
             repeats: self.repeats(),
         };
+        let mut no_worker = false;
         let (decision, run) = match self.run_worker(facts, on_board).await {
             Ok(ran) => ran,
             Err(why) => {
                 if let NotRun::Busy(reason) = &why {
                     self.shared.back_off(reason);
                 }
+                no_worker = matches!(why, NotRun::NoWorker(_));
                 (report::decide_not_run(&why, facts, &retry), None)
             }
         };
         let elapsed = started.elapsed();
+        let handed_back = no_worker
+            && matches!(
+                decision.report,
+                Some(Report::Retry {
+                    ignore_repeat: true,
+                    ..
+                })
+            );
         match &decision.report {
             Some(Report::Finish { .. }) => {
                 tracing::info!(?elapsed, attempt, "{}", decision.summary)
+            }
+            // A job handed back for want of its worker comes again every
+            // few seconds: said once a minute per name.
+            _ if handed_back => {
+                match self
+                    .shared
+                    .no_worker_lines
+                    .say(&self.job.name, std::time::Instant::now())
+                {
+                    Some(0) => tracing::warn!(?elapsed, attempt, "{}", decision.summary),
+                    Some(held) => tracing::warn!(
+                        ?elapsed,
+                        attempt,
+                        "{} ({held} more such hand-backs of {} in the last minute not logged)",
+                        decision.summary,
+                        self.job.name
+                    ),
+                    None => tracing::debug!(?elapsed, attempt, "{}", decision.summary),
+                }
             }
             // The worker's own last word on why, when it said one.
             _ => match run

@@ -25,6 +25,7 @@ pub mod uids;
 pub mod worker_path;
 
 mod job;
+mod quieter;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -154,6 +155,8 @@ struct Shared {
     courier: Notify,
     draining: AtomicBool,
     busy_until: std::sync::Mutex<Option<Instant>>,
+    /// No-worker hand-backs said once a minute per job name.
+    no_worker_lines: quieter::Quieter,
 }
 
 /// Settings and what is built from them, swapped whole on reload: the
@@ -345,6 +348,7 @@ impl Supervisor {
             courier: Notify::new(),
             draining: AtomicBool::new(false),
             busy_until: std::sync::Mutex::new(None),
+            no_worker_lines: quieter::Quieter::new(Duration::from_secs(60)),
         });
         let courier_stop = CancellationToken::new();
         let courier = tokio::spawn(courier(
