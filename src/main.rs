@@ -3,11 +3,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use jobmgr::cli::{self, Cli};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_args(std::env::args_os()) {
         Ok(cli) => cli,
         Err(error) => match cli::environment::explain(&error) {
             // A bad value from a JOBMGR_* variable: name the variable.

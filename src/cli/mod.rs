@@ -57,6 +57,41 @@ pub struct Cli {
     pub log_format: crate::logging::LogFormat,
 }
 
+impl Cli {
+    /// Parses a command line. With a subcommand, the supervisor's own
+    /// options (flattened at the top) are not read from `JOBMGR_*`
+    /// variables: a bad `JOBMGR_MAX_LOAD` in the environment is the
+    /// supervisor's business, not `jobmgr job list`'s. (The subcommands
+    /// that take the supervisor's settings, such as `check-config`, read
+    /// them with their own arguments.)
+    pub fn parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        let probe = Cli::command()
+            .ignore_errors(true)
+            .try_get_matches_from(&args);
+        let subcommand = probe
+            .ok()
+            .and_then(|m| m.subcommand_name().map(str::to_owned));
+        if subcommand.is_none() {
+            return <Cli as Parser>::try_parse_from(args);
+        }
+        let command = Cli::command().mut_args(|arg| {
+            if arg.is_global_set() {
+                arg
+            } else {
+                arg.env(None)
+            }
+        });
+        let matches = command.try_get_matches_from(args)?;
+        Cli::from_arg_matches(&matches)
+    }
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -96,3 +96,35 @@ fn an_unknown_variable_is_warned_about_once_with_a_suggestion() {
     assert_eq!(code, 3, "{stderr}");
     assert!(!stderr.contains("unknown environment variable"), "{stderr}");
 }
+
+/// A bad value in a variable of the supervisor's own options is the
+/// supervisor's business: `jobmgr job …` works beside it, and the
+/// supervisor and `check-config` still refuse it.
+#[test]
+fn a_bad_supervisor_variable_does_not_break_the_other_commands() {
+    let server = Server::start();
+    let token_file = server.token_file();
+    let bad = [("JOBMGR_MAX_LOAD", "abc"), ("JOBMGR_MAX_WORKERS", "many")];
+    let (code, stdout, stderr) = run_with(
+        &bad,
+        &[
+            "job",
+            "create",
+            "Hello",
+            "--server",
+            &server.url,
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "jobmgr job create refused: {stderr}");
+    assert!(stdout.contains("jobID"), "{stdout}");
+    for args in [
+        &["--worker-path", "/"][..],
+        &["check-config", "--offline", "--worker-path", "/"][..],
+    ] {
+        let (code, _, stderr) = run_with(&bad, args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains("JOBMGR_MAX_"), "{args:?}: {stderr}");
+    }
+}
