@@ -110,14 +110,14 @@ pub fn render(status: &Status, now: Timestamp) -> String {
             .load1
             .map_or("unknown".to_string(), |l| format!("{l:.2}"));
         out.push_str(&format!(
-            "pool {} ({}): gate {}, load {} of {:.2}, {} of {} workers\n",
+            "pool {} ({}): gate {}, load {} of {:.2}, {} of {} busy\n",
             pool.name,
             pool.job_name,
             pool.gate,
             load,
             pool.max_load,
             pool.running.len(),
-            pool.max_workers
+            super::output::count(pool.max_workers as u64, "worker", "workers")
         ));
         if pool.running.is_empty() {
             continue;

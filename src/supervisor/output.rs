@@ -66,7 +66,8 @@ impl Capture {
         let tail: Vec<u8> = self.tail.iter().copied().collect();
         let mut text = String::from_utf8_lossy(&self.head).into_owned();
         if dropped > 0 {
-            text.push_str(&format!("\n[… {dropped} bytes of output dropped …]\n"));
+            let bytes = if dropped == 1 { "byte" } else { "bytes" };
+            text.push_str(&format!("\n[… {dropped} {bytes} of output dropped …]\n"));
         }
         text.push_str(&String::from_utf8_lossy(&tail));
 
