@@ -1,8 +1,10 @@
-//! The embedded server's ports at the supervisor's start, and what to say
-//! when one is taken: its defaults (127.0.0.1:8888 and :8889) are a
-//! Bedrock server's own ports, so a BWM user next to a local Bedrock most
-//! likely wants `--server bedrock://…` instead. The Bedrock address is
-//! probed (a `Ping`, with a short timeout) to say what answers there.
+//! A job server's ports at start, and what to say when one is taken: the
+//! defaults (127.0.0.1:8888 and :8889) are a Bedrock server's own ports, so
+//! a BWM user next to a local Bedrock most likely wants `--server
+//! bedrock://…` instead of the supervisor's embedded server. The Bedrock
+//! address is probed (a `Ping`, with a short timeout) to say what answers
+//! there. The standalone `jobmgr server` gets the same probe, and advice
+//! of its own.
 
 use std::time::Duration;
 
@@ -27,22 +29,61 @@ pub enum Answer {
     Nothing,
 }
 
+/// Which server's port is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The supervisor's embedded server.
+    Embedded,
+    /// `jobmgr server`.
+    Standalone,
+}
+
 /// Binds `addr` for the embedded server's `port` ("HTTP" or "Bedrock");
 /// when the address is in use, the error says what probably holds it
 /// (probing `bedrock_addr`) and which flags move the ports.
 pub async fn bind(addr: &str, port: &str, bedrock_addr: &str) -> Result<TcpListener, ServerError> {
+    bind_as(Role::Embedded, addr, port, bedrock_addr).await
+}
+
+/// [`bind`] for either server.
+pub async fn bind_as(
+    role: Role,
+    addr: &str,
+    port: &str,
+    bedrock_addr: &str,
+) -> Result<TcpListener, ServerError> {
     match server::bind(addr).await {
         Err(ServerError::Bind { addr, source })
             if source.kind() == std::io::ErrorKind::AddrInUse =>
         {
             let answer = probe(bedrock_addr).await;
-            Err(ServerError::PortTaken {
-                advice: advice(port, bedrock_addr, &answer),
-                addr,
-            })
+            let advice = match role {
+                Role::Embedded => advice(port, bedrock_addr, &answer),
+                Role::Standalone => standalone_advice(port, bedrock_addr, &answer),
+            };
+            Err(ServerError::PortTaken { advice, addr })
         }
         other => other,
     }
+}
+
+/// The advice for a taken port of `jobmgr server`.
+pub fn standalone_advice(port: &str, bedrock_addr: &str, answer: &Answer) -> String {
+    let found = match answer {
+        Answer::Bedrock => format!(
+            "a Bedrock server answers on {bedrock_addr} (supervisors can take its jobs directly, with --server bedrock://{bedrock_addr}, and need no jobmgr server)"
+        ),
+        Answer::Jobmgr => format!(
+            "a jobmgr server already answers on {bedrock_addr} (one server per store: is this one running already?)"
+        ),
+        Answer::Other(status) => format!(
+            "something speaking the Bedrock protocol answers on {bedrock_addr} ({status:?})"
+        ),
+        Answer::Nothing => "another process listens there".to_string(),
+    };
+    format!(
+        "the server's {port} port is taken; {found}; run it on other addresses with --http ADDR and --bedrock ADDR (or \"none\"), or JOBMGR_HTTP and JOBMGR_BEDROCK"
+    )
 }
 
 /// The advice for a taken port, given what answers on the Bedrock address.
@@ -108,6 +149,23 @@ fn classify(line: &str) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_standalone_server_is_told_what_holds_its_port_and_how_to_move() {
+        let bedrock = standalone_advice("Bedrock", "127.0.0.1:8888", &Answer::Bedrock);
+        assert!(
+            bedrock.contains("--server bedrock://127.0.0.1:8888"),
+            "{bedrock}"
+        );
+        let ours = standalone_advice("HTTP", "127.0.0.1:8888", &Answer::Jobmgr);
+        assert!(ours.contains("already answers"), "{ours}");
+        for text in [bedrock, ours] {
+            assert!(
+                text.contains("--http ADDR") && text.contains("JOBMGR_BEDROCK"),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn status_lines_are_told_apart() {

@@ -241,7 +241,13 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     http::listen::raise_fd_limit();
     super::warn_if_token_in_argv();
     let signals = super::signals::Signals::register().map_err(server::ServerError::Serve)?;
-    let http = server::bind(&args.http).await?;
+    use super::embedded_ports::{Role, bind_as};
+    // What answers on the Bedrock address says what holds a taken port.
+    let probed = match args.bedrock.as_str() {
+        "none" | "" => crate::server::bedrock::DEFAULT_BEDROCK_ADDR,
+        addr => addr,
+    };
+    let http = bind_as(Role::Standalone, &args.http, "HTTP", probed).await?;
     let local = http.local_addr().map_err(server::ServerError::Serve)?;
     if !local.ip().is_loopback() && config.browser.hosts().is_empty() {
         tracing::info!(
@@ -251,7 +257,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
     }
     let bedrock = match args.bedrock.as_str() {
         "none" | "" => None,
-        addr => Some(server::bind(addr).await?),
+        addr => Some(bind_as(Role::Standalone, addr, "Bedrock", probed).await?),
     };
     let bedrock_addr = match &bedrock {
         Some(listener) => {

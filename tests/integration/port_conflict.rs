@@ -85,3 +85,28 @@ fn a_taken_http_port_where_nothing_answers_names_the_flags_and_does_not_hang() {
     assert!(!stderr.contains("answers on"), "{stderr}");
     drop((http, silent));
 }
+
+/// `jobmgr server` on a port a jobmgr server already holds: the error says
+/// one answers there, and which flags and variables move the ports.
+#[test]
+fn a_standalone_server_on_a_taken_port_says_what_holds_it_and_how_to_move() {
+    let first = Server::start();
+    let bedrock = first.bedrock.clone();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = jobmgr_in(dir.path())
+        .arg("server")
+        .arg("--db")
+        .arg(dir.path().join("jobs.db"))
+        .args(["--http", "127.0.0.1:0", "--bedrock", &bedrock])
+        .run_bounded("a second server on a taken Bedrock port");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    for said in [
+        format!("cannot listen on {bedrock}: address already in use"),
+        format!("a jobmgr server already answers on {bedrock}"),
+        "--http ADDR and --bedrock ADDR".to_string(),
+        "JOBMGR_BEDROCK".to_string(),
+    ] {
+        assert!(stderr.contains(&said), "missing {said:?} in: {stderr}");
+    }
+}
