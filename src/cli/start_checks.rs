@@ -89,8 +89,22 @@ pub fn check(options: SupervisorOptions) -> Result<Plan, CliError> {
     })
 }
 
-/// Whether `url` is a server URL the supervisor can use.
+/// Whether `url` is a server URL the supervisor can use: one URL, or a
+/// comma-separated list of `http(s)://` URLs of servers that share a store.
 pub fn check_server_url(url: &str) -> Result<(), CliError> {
+    if url.contains(',') {
+        if url.contains("bedrock://") {
+            return Err(CliError::Usage(format!(
+                "bad server {url:?}: a list of servers takes http:// and https:// URLs; bedrock:// takes one server"
+            )));
+        }
+        crate::client::HttpClient::new(url, None)
+            .map_err(|e| CliError::Usage(format!("bad server list: {e}")))?;
+        for one in url.split(',') {
+            check_server_url(one.trim())?;
+        }
+        return Ok(());
+    }
     let bad = |why: String| {
         CliError::Usage(format!(
             "bad server {url:?}: {why}; expected http://HOST:PORT, https://HOST:PORT or bedrock://HOST:PORT"

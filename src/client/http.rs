@@ -7,6 +7,7 @@ use reqwest::Method;
 use serde_json::Value;
 use thiserror::Error;
 
+use super::servers::Servers;
 use crate::auth::ApiToken;
 
 /// Why a call to the server did not succeed.
@@ -33,6 +34,14 @@ pub enum ClientError {
     /// The server URL is not usable.
     #[error("bad server URL {0:?}: expected http://HOST:PORT or https://HOST:PORT")]
     BadUrl(String),
+    /// A list of servers is not usable.
+    #[error("bad server list {list:?}: {why}")]
+    BadList {
+        /// The list as given.
+        list: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The CA certificate to trust could not be read.
     #[error("cannot use the CA certificate {path}: {detail}; pass a PEM file to --ca-cert")]
     CaCert {
@@ -58,10 +67,17 @@ impl ClientError {
     }
 }
 
-/// A client of one server.
+/// A call that got no answer of the server's own.
+struct Failed {
+    error: ClientError,
+    /// Whether the server surely did nothing, so that another may be asked.
+    resend: bool,
+}
+
+/// A client of a server, or of several servers of one store.
 #[derive(Debug, Clone)]
 pub struct HttpClient {
-    base: String,
+    servers: std::sync::Arc<Servers>,
     token: Option<ApiToken>,
     /// Said with a `401`: where the token came from, or why none was sent.
     hint: Option<String>,
@@ -77,16 +93,16 @@ impl HttpClient {
 
     /// A client of the server at `base` that also trusts the CA
     /// certificate in the PEM file `ca_cert` (for `https://` URLs of a
-    /// server whose certificate a private CA signed).
+    /// server whose certificate a private CA signed). `base` may list
+    /// several servers of one store, separated by commas: see
+    /// [`Servers`] for how one is chosen.
     pub fn trusting(
         base: &str,
         token: Option<ApiToken>,
         ca_cert: Option<&std::path::Path>,
     ) -> Result<Self, ClientError> {
-        let base = base.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) || base.len() < 8 {
-            return Err(ClientError::BadUrl(base));
-        }
+        let servers = Servers::parse(base)?;
+        let base = servers.describe();
         let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             // Below the server's idle timeout (60 s by default), so that a
@@ -112,7 +128,7 @@ impl HttpClient {
             detail: with_sources(&e),
         })?;
         Ok(HttpClient {
-            base,
+            servers: std::sync::Arc::new(servers),
             token,
             hint: None,
             http,
@@ -126,13 +142,21 @@ impl HttpClient {
         self
     }
 
-    /// The server's base URL.
+    /// The base URL of the server in use.
     pub fn base(&self) -> &str {
-        &self.base
+        self.servers.current()
+    }
+
+    /// Every server's base URL, comma-separated.
+    pub fn describe(&self) -> String {
+        self.servers.describe()
     }
 
     /// Calls `method path` with an optional JSON body; `timeout` bounds the
-    /// whole call.
+    /// whole call. With several servers: a server that cannot be connected
+    /// to, or answers 503 (it did nothing), is set aside and the call goes
+    /// to the next; a call that failed after it was sent (a timeout, a
+    /// reset) is not sent again, but the next call goes elsewhere.
     pub async fn call(
         &self,
         method: Method,
@@ -140,7 +164,40 @@ impl HttpClient {
         body: Option<&Value>,
         timeout: Duration,
     ) -> Result<Value, ClientError> {
-        let url = format!("{}{}", self.base, path);
+        let mut last = None;
+        for i in self.servers.order(std::time::Instant::now()) {
+            let base = self.servers.base(i);
+            match self
+                .call_one(base, method.clone(), path, body, timeout)
+                .await
+            {
+                Err(Failed { error, resend }) => {
+                    self.servers.failed(i, std::time::Instant::now());
+                    if !resend {
+                        return Err(error);
+                    }
+                    last = Some(error);
+                }
+                Ok(answer) => {
+                    self.servers.answered(i);
+                    return answer;
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::BadUrl(self.servers.describe())))
+    }
+
+    /// One server's answer (`Ok`, an error of its own included), or why it
+    /// gave none.
+    async fn call_one(
+        &self,
+        base: &str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<Result<Value, ClientError>, Failed> {
+        let url = format!("{base}{path}");
         let mut request = self.http.request(method, &url).timeout(timeout);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token.expose());
@@ -148,22 +205,29 @@ impl HttpClient {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let transport = |e: reqwest::Error| ClientError::Transport {
-            url: url.clone(),
-            detail: with_sources(&e),
+        let transport = |e: reqwest::Error| Failed {
+            // Not connected: nothing was sent, so another server may take it.
+            resend: e.is_connect(),
+            error: ClientError::Transport {
+                url: url.clone(),
+                detail: with_sources(&e),
+            },
         };
         let response = request.send().await.map_err(transport)?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(transport)?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| ClientError::Transport {
-            url: url.clone(),
-            detail: format!(
-                "answer is not JSON ({e}): {}",
-                text.chars().take(200).collect::<String>()
-            ),
+        let value: Value = serde_json::from_str(&text).map_err(|e| Failed {
+            resend: false,
+            error: ClientError::Transport {
+                url: url.clone(),
+                detail: format!(
+                    "answer is not JSON ({e}): {}",
+                    text.chars().take(200).collect::<String>()
+                ),
+            },
         })?;
         if (200..300).contains(&status) {
-            return Ok(value);
+            return Ok(Ok(value));
         }
         let field = |key: &str| {
             value
@@ -176,11 +240,19 @@ impl HttpClient {
         if let (401, Some(hint)) = (status, &self.hint) {
             message = format!("{message}. {hint}");
         }
-        Err(ClientError::Api {
+        let error = ClientError::Api {
             status,
             code: field("code"),
             message,
-        })
+        };
+        if status == 503 && self.servers.count() > 1 {
+            // Its store is unavailable: it did nothing, another may.
+            return Err(Failed {
+                error,
+                resend: true,
+            });
+        }
+        Ok(Err(error))
     }
 
     /// A call that answers within a minute.

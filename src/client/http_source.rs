@@ -73,9 +73,10 @@ fn cannot_hand_back(error: &ClientError) -> bool {
 
 fn source_error(error: ClientError) -> SourceError {
     match error {
-        ClientError::Transport { .. } | ClientError::BadUrl(_) | ClientError::CaCert { .. } => {
-            SourceError::Unavailable(error.to_string())
-        }
+        ClientError::Transport { .. }
+        | ClientError::BadUrl(_)
+        | ClientError::BadList { .. }
+        | ClientError::CaCert { .. } => SourceError::Unavailable(error.to_string()),
         ClientError::Api { ref code, .. } if code == "lease_lost" => SourceError::LeaseLost(0),
         ClientError::Api { status, .. } if status >= 500 => {
             SourceError::Unavailable(error.to_string())
@@ -385,7 +386,7 @@ impl JobSource for HttpSource {
     }
 
     fn describe(&self) -> String {
-        self.client.base().to_string()
+        self.client.describe()
     }
 }
 

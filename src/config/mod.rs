@@ -132,9 +132,10 @@ pub struct SupervisorOptions {
         env = "JOBMGR_VERSION_WATCH_FILE"
     )]
     pub version_watch_file: Option<PathBuf>,
-    /// The job server: http://HOST:PORT or bedrock://HOST:PORT [default: an embedded server]
+    /// The job server: http://HOST:PORT or bedrock://HOST:PORT, or several http(s) URLs of servers sharing a store, comma-separated (the next is used when one does not answer) [default: an embedded server]
     #[arg(help_heading = "Server")]
-    #[arg(long, value_name = "URL", env = "JOBMGR_SERVER")]
+    #[arg(long, value_name = "URL[,URL…]", env = "JOBMGR_SERVER")]
+    #[serde(default, deserialize_with = "values::server_list")]
     pub server: Option<String>,
     /// Where reports wait while the server is unreachable [default: spool/ beside the embedded store]
     #[arg(help_heading = "Server")]

@@ -145,6 +145,28 @@ impl Serialize for ByteSize {
     }
 }
 
+/// Reads the job server: one URL (a string, which may list several
+/// separated by commas), or an array of URLs of servers sharing a store,
+/// kept as one comma-separated string.
+pub fn server_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(Some(
+        match OneOrMany::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "expected a URL, or an array of URLs of servers that share a store",
+            )
+        })? {
+            OneOrMany::One(url) => url,
+            OneOrMany::Many(urls) => urls.join(","),
+        },
+    ))
+}
+
 /// Writes pairs as a TOML table of `NAME = "VALUE"`.
 pub fn env_table_out<S: Serializer>(pairs: &Option<Vec<EnvPair>>, s: S) -> Result<S::Ok, S::Error> {
     let table: std::collections::BTreeMap<&str, &str> = pairs

@@ -20,6 +20,7 @@ mod crash;
 mod demo;
 mod edges;
 mod environment;
+mod failover;
 mod handback;
 mod harness;
 mod help;

@@ -1,0 +1,157 @@
+//! Several job servers in `--server` (servers that share a store): the
+//! supervisor and the CLI use the next one when one does not answer, and
+//! lists that cannot be right are refused at start.
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+/// An address where nothing listens (a port from the OS, let go).
+fn dead_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+/// The job's archived end on `api`'s server.
+fn wait_ended(api: &Api, logs: &dyn Logs, id: i64) -> Value {
+    wait_for(&format!("job {id} to end"), logs, || {
+        let (status, history) = api.get(&format!("/jobs/{id}/history"));
+        (status == 200 && !history["archived"].is_null()).then(|| history["archived"].clone())
+    })
+}
+
+/// Runs `jobmgr ARGS` with only the fixtures' token among `JOBMGR_*`
+/// variables; returns (exit code, stdout, stderr).
+fn jobmgr(args: &[&str]) -> (i32, String, String) {
+    let mut command = std::process::Command::new(bin());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("JOBMGR_") {
+            command.env_remove(key);
+        }
+    }
+    command.env("JOBMGR_TOKEN", token()).args(args);
+    let output = command.run_bounded(&format!("jobmgr {}", args.join(" ")));
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_supervisor_and_the_cli_use_the_next_server_when_the_first_does_not_answer() {
+    let server = Server::start();
+    let list = format!("{},{}", dead_url(), server.url);
+    let sup = Supervisor::builder(&list)
+        .worker("Hello", &sh("echo '{\"said\":\"hello\"}'"))
+        .start();
+    let (code, stdout, stderr) = jobmgr(&["job", "create", "Hello", "--server", &list]);
+    assert_eq!(code, 0, "jobmgr job create through a list: {stderr}");
+    let id: i64 = serde_json::from_str::<Value>(&stdout).expect("JSON")["jobID"]
+        .as_i64()
+        .expect("jobID");
+    let ended = wait_ended(&server.api(), &sup, id);
+    assert_eq!(ended["state"], "FINISHED", "{ended}");
+    assert_eq!(ended["data"]["said"], "hello", "{ended}");
+}
+
+#[test]
+fn a_supervisor_carries_on_through_another_server_when_its_server_dies() {
+    let mut first = Server::start();
+    let second = Server::start();
+    let list = format!("{},{}", first.url, second.url);
+    let sup = Supervisor::builder(&list)
+        .worker("Hello", &sh("echo '{\"ok\":true}'"))
+        .start();
+    let before = first.api().create(json!({"name": "Hello"}));
+    assert_eq!(wait_ended(&first.api(), &sup, before)["state"], "FINISHED");
+
+    first.kill9();
+    let after = second.api().create(json!({"name": "Hello"}));
+    let ended = wait_ended(&second.api(), &sup, after);
+    assert_eq!(ended["state"], "FINISHED", "{ended}");
+    let log = sup.stderr();
+    assert!(log.contains("job server switched"), "{log}");
+    assert!(log.contains(&second.url), "{log}");
+}
+
+#[test]
+fn server_lists_that_cannot_be_right_are_refused_at_start() {
+    let a = "http://127.0.0.1:9";
+    let b = "http://127.0.0.1:10";
+    for (list, said) in [
+        (format!("{a},,{b}"), "an empty item"),
+        (format!("{a},"), "an empty item"),
+        (format!("{a},{a}/"), "given twice"),
+        (
+            format!("{a},bedrock://127.0.0.1:8888"),
+            "bedrock:// takes one server",
+        ),
+        (format!("{a},localhost:8889"), "is not http://HOST:PORT"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let workers = dir.path().to_str().unwrap();
+        for command in [
+            &["--server", &list, "--worker-path", workers][..],
+            &[
+                "check-config",
+                "--offline",
+                "--server",
+                &list,
+                "--worker-path",
+                workers,
+            ][..],
+        ] {
+            let (code, _, stderr) = jobmgr(command);
+            assert_eq!(code, 2, "{command:?}: {stderr}");
+            assert!(
+                stderr.contains(said),
+                "{command:?}: want {said:?} in {stderr}"
+            );
+        }
+        let (code, _, stderr) = jobmgr(&["job", "list", "--server", &list]);
+        assert_ne!(code, 0, "job list took {list}: {stderr}");
+    }
+}
+
+/// In the configuration file the list is a string or an array of URLs;
+/// anything else is refused naming the key.
+#[test]
+fn the_server_key_takes_a_string_or_an_array_of_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    let workers = dir.path().to_str().unwrap();
+    let config = dir.path().join("jobmgr.toml");
+    std::fs::write(
+        &config,
+        "server = [\"http://127.0.0.1:9\", \"http://127.0.0.1:10\"]\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let (code, stdout, stderr) = jobmgr(&[
+        "check-config",
+        "--offline",
+        "--config",
+        config,
+        "--worker-path",
+        workers,
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("server = \"http://127.0.0.1:9,http://127.0.0.1:10\""),
+        "{stdout}"
+    );
+    std::fs::write(dir.path().join("jobmgr.toml"), "server = 8889\n").unwrap();
+    let (code, _, stderr) = jobmgr(&[
+        "check-config",
+        "--offline",
+        "--config",
+        config,
+        "--worker-path",
+        workers,
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("server"), "{stderr}");
+    assert!(stderr.contains("an array of URLs"), "{stderr}");
+}
