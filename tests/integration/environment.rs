@@ -1,27 +1,12 @@
 //! `JOBMGR_*` variables as an operator sets them: a bad value names the
 //! variable, and an unknown (misspelt) one is warned about once at start.
 
-use std::process::Command;
-
 use crate::common::*;
 
 /// Runs the binary with `args`, only `vars` of the `JOBMGR_*` variables set;
 /// returns (exit code, stdout, stderr).
 fn run_with(vars: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
-    let mut command = Command::new(bin());
-    command.args(args);
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("JOBMGR_") {
-            command.env_remove(name);
-        }
-    }
-    command.envs(vars.iter().copied());
-    let output = command.run_bounded(&format!("{vars:?} jobmgr {}", args.join(" ")));
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    jobmgr_with(vars, args)
 }
 
 #[test]

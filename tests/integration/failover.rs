@@ -22,22 +22,10 @@ fn wait_ended(api: &Api, logs: &dyn Logs, id: i64) -> Value {
     })
 }
 
-/// Runs `jobmgr ARGS` with only the fixtures' token among `JOBMGR_*`
-/// variables; returns (exit code, stdout, stderr).
+/// Runs `jobmgr ARGS` with the fixtures' token; returns (exit code,
+/// stdout, stderr).
 fn jobmgr(args: &[&str]) -> (i32, String, String) {
-    let mut command = std::process::Command::new(bin());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("JOBMGR_") {
-            command.env_remove(key);
-        }
-    }
-    command.env("JOBMGR_TOKEN", token()).args(args);
-    let output = command.run_bounded(&format!("jobmgr {}", args.join(" ")));
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    jobmgr_with(&[("JOBMGR_TOKEN", token())], args)
 }
 
 #[test]

@@ -695,6 +695,24 @@ pub fn jobmgr_in(dir: &Path) -> Command {
     command
 }
 
+/// Runs `jobmgr ARGS` with only `vars` of the `JOBMGR_*` variables set;
+/// returns (exit code, stdout, stderr).
+pub fn jobmgr_with(vars: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
+    let mut command = Command::new(bin());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("JOBMGR_") {
+            command.env_remove(key);
+        }
+    }
+    command.envs(vars.iter().copied()).args(args);
+    let output = command.run_bounded(&format!("{vars:?} jobmgr {}", args.join(" ")));
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// Runs `jobmgr job …` against a server; returns (exit code, stdout, stderr).
 pub fn cli(server: &Server, args: &[&str]) -> (i32, String, String) {
     let mut all = vec!["job"];
