@@ -117,28 +117,24 @@ fn the_server_key_takes_a_string_or_an_array_of_urls() {
     )
     .unwrap();
     let config = config.to_str().unwrap();
-    let (code, stdout, stderr) = jobmgr(&[
-        "check-config",
-        "--offline",
-        "--config",
-        config,
-        "--worker-path",
-        workers,
-    ]);
+    let check = || {
+        jobmgr(&[
+            "check-config",
+            "--offline",
+            "--config",
+            config,
+            "--worker-path",
+            workers,
+        ])
+    };
+    let (code, stdout, stderr) = check();
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stdout.contains("server = \"http://127.0.0.1:9,http://127.0.0.1:10\""),
         "{stdout}"
     );
     std::fs::write(dir.path().join("jobmgr.toml"), "server = 8889\n").unwrap();
-    let (code, _, stderr) = jobmgr(&[
-        "check-config",
-        "--offline",
-        "--config",
-        config,
-        "--worker-path",
-        workers,
-    ]);
+    let (code, _, stderr) = check();
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("server"), "{stderr}");
     assert!(stderr.contains("an array of URLs"), "{stderr}");
