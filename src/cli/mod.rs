@@ -2,6 +2,7 @@
 //! talks to one. Errors are mapped to exit codes in one place, [`exit_code`].
 
 mod archive;
+mod bwm_options;
 mod check_config;
 mod embedded_ports;
 pub mod environment;
@@ -69,8 +70,20 @@ impl Cli {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        use clap::{CommandFactory, FromArgMatches};
         let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        let subcommands: Vec<String> = <Cli as clap::CommandFactory>::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        let (args, ignored) = bwm_options::take(args, &subcommands);
+        let mut cli = Self::parse_taken(args)?;
+        cli.supervise.bwm_ignored = ignored;
+        Ok(cli)
+    }
+
+    /// [`Cli::parse_args`] once BWM's no-effect options are taken off.
+    fn parse_taken(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
         let probe = Cli::command()
             .ignore_errors(true)
             .try_get_matches_from(&args);

@@ -44,6 +44,9 @@ pub struct SuperviseArgs {
     /// The options.
     #[command(flatten)]
     pub options: SupervisorOptions,
+    /// BWM's options given and ignored, said at start.
+    #[arg(skip)]
+    pub bwm_ignored: Vec<super::bwm_options::Ignored>,
 }
 
 fn effective(args: &SuperviseArgs) -> Result<SupervisorOptions, config::ConfigError> {
@@ -56,6 +59,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
     let signals =
         Signals::register().map_err(|e| CliError::Usage(format!("cannot watch signals: {e}")))?;
     super::warn_if_token_in_argv();
+    super::bwm_options::warn(&args.bwm_ignored);
     let options = effective(&args).map_err(|e| CliError::Usage(e.to_string()))?;
     // The very checks `jobmgr check-config` makes.
     let plan = super::start_checks::check(options)?;
@@ -163,6 +167,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             token: None,
             ca_cert: None,
             options: args.options.clone(),
+            bwm_ignored: Vec::new(),
         };
         let reload_state = state_dir.clone();
         let pool = settings.pool.clone();

@@ -8,6 +8,7 @@ mod bedrock;
 mod bedrock_client;
 mod bedrock_leases;
 mod bedrock_limits;
+mod bwm_command_line;
 mod browser_safety;
 mod chaos;
 mod check_config_verify;
