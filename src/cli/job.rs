@@ -95,6 +95,12 @@ pub enum JobCommand {
     History {
         /// The jobID.
         id: String,
+        /// Show at most this many of its latest attempts (at most 1000).
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+        /// Skip this many of its latest attempts (to page to older ones).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        skip: usize,
     },
     /// Replace a job's data, and optionally its repeat, priority or next run.
     Update {
@@ -316,12 +322,12 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
                 Format::Text => print_job(&answer),
             }
         }
-        JobCommand::History { id } => {
+        JobCommand::History { id, limit, skip } => {
             let (client, format) = client(connection)?;
             let answer = client
                 .quick(
                     Method::GET,
-                    &format!("/jobs/{}/history", id_arg(&id)?),
+                    &format!("/jobs/{}/history?limit={limit}&skip={skip}", id_arg(&id)?),
                     None,
                 )
                 .await?;

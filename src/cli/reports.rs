@@ -520,6 +520,13 @@ pub fn print_history(history: &Value) {
         ),
         _ => println!("job {id}: no longer queued, and not archived"),
     }
+    if let Some(next) = history["nextSkip"].as_u64() {
+        println!(
+            "({} of {} attempts shown; older ones: --skip {next})",
+            history["attempts"].as_array().map_or(0, Vec::len),
+            history["attemptsTotal"]
+        );
+    }
     println!(
         "{:>3}  {:<23}  {:>8}  {:>8}  {:<12}  {:<16}  WORKER",
         "#", "STARTED", "WAIT", "RUN", "OUTCOME", "EXIT"

@@ -36,7 +36,10 @@ fn a_bwm_command_line_starts_and_names_the_options_without_effect() {
         assert_eq!(log.matches(&said).count(), 1, "{option}: {log}");
     }
     assert!(log.contains("--max-workers caps how many run"), "{log}");
-    assert!(log.contains("max_load=5.0"), "--maxLoad was not taken: {log}");
+    assert!(
+        log.contains("max_load=5.0"),
+        "--maxLoad was not taken: {log}"
+    );
 }
 
 #[test]

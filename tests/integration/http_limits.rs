@@ -706,3 +706,56 @@ fn a_body_budget_below_one_listing_page_is_refused_at_start() {
         "says what to give: {stderr}"
     );
 }
+
+/// A job handed out again and again has as many attempts: its history
+/// shows the latest 100 unless asked, at most 1000, and pages to older
+/// ones with `skip`, instead of reading every attempt into one answer.
+#[test]
+fn a_history_shows_a_bounded_window_of_attempts_and_pages_to_older_ones() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "Again"}));
+    let runs = 105;
+    for _ in 0..runs {
+        let job = api.take("Again");
+        let lease = job["lease"].as_str().expect("lease").to_string();
+        let (status, answer) = api.post(
+            &format!("/jobs/{id}/retry"),
+            json!({"lease": lease, "delay": 0}),
+        );
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (status, history) = api.get(&format!("/jobs/{id}/history"));
+    assert_eq!(status, 200, "{history}");
+    let attempts = history["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 100);
+    assert_eq!(history["attemptsTotal"], runs);
+    assert_eq!(history["nextSkip"], 100);
+    assert_eq!(attempts.last().unwrap()["attempt"], runs, "the latest last");
+
+    let (status, older) = api.get(&format!("/jobs/{id}/history?skip=100&limit=10"));
+    assert_eq!(status, 200, "{older}");
+    let numbers: Vec<i64> = older["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["attempt"].as_i64().unwrap())
+        .collect();
+    assert_eq!(numbers, [1, 2, 3, 4, 5]);
+    assert!(older.get("nextSkip").is_none(), "{older}");
+
+    for bad in [
+        "limit=0",
+        "limit=1001",
+        "limit=-1",
+        "skip=-1",
+        "skip=x",
+        "other=1",
+    ] {
+        let (status, answer) = api.get(&format!("/jobs/{id}/history?{bad}"));
+        assert_eq!(status, 400, "{bad}: {answer}");
+    }
+    let (status, beyond) = api.get(&format!("/jobs/{id}/history?skip=1000000"));
+    assert_eq!(status, 200, "{beyond}");
+    assert_eq!(beyond["attempts"], json!([]));
+}

@@ -211,9 +211,40 @@ pub async fn delete_group(
 }
 
 /// `GET /jobs/{id}/history`: the job, its archive entry and its attempts.
-pub async fn history(State(queue): State<Queue>, Path(id): Path<String>) -> Answer {
+pub async fn history(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Params(params): Params<HistoryParams>,
+) -> Answer {
     let id = parse_job_id("jobID", &id)?;
-    Ok(Json(queue.history(id).await?.to_json(id)))
+    let limit = match params.limit {
+        None => DEFAULT_HISTORY_ATTEMPTS,
+        Some(n) if (1..=MAX_HISTORY_ATTEMPTS).contains(&n) => n,
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "limit must be 1 to {MAX_HISTORY_ATTEMPTS}; page to older attempts with skip"
+            )));
+        }
+    };
+    let skip = params.skip.unwrap_or(0);
+    Ok(Json(queue.history(id, skip, limit).await?.to_json(id)))
+}
+
+/// How many of a job's latest attempts a history shows unless asked.
+pub const DEFAULT_HISTORY_ATTEMPTS: usize = 100;
+/// The most attempts one history answer holds (each carries at most 4 KiB
+/// of each stream): a job repeated every few seconds for weeks has tens of
+/// thousands.
+pub const MAX_HISTORY_ATTEMPTS: usize = 1000;
+
+/// `GET /jobs/{id}/history` query parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    /// At most this many attempts (default 100, at most 1000).
+    limit: Option<usize>,
+    /// Skip this many of the latest attempts (to page to older ones).
+    skip: Option<usize>,
 }
 
 /// `POST /purge` body.

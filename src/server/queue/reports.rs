@@ -110,19 +110,30 @@ pub struct History {
     pub job: Option<Job>,
     /// The job as it ended.
     pub archived: Option<ArchivedJob>,
-    /// Its attempts, oldest first.
+    /// A window of its attempts, oldest first.
     pub attempts: Vec<Attempt>,
+    /// How many attempts it has in all.
+    pub attempts_total: u64,
+    /// How many of its latest attempts the window skipped.
+    pub skipped: usize,
 }
 
 impl History {
-    /// The history for the API.
+    /// The history for the API: `attemptsTotal` always, and `nextSkip`
+    /// when older attempts than the window's remain.
     pub fn to_json(&self, id: JobId) -> Value {
-        json!({
+        let mut answer = json!({
             "jobID": id,
             "job": self.job.as_ref().map(|j| Value::Object(query_json(j))),
             "archived": self.archived.as_ref().map(ArchivedJob::to_json),
             "attempts": self.attempts.iter().map(Attempt::to_json).collect::<Vec<_>>(),
-        })
+            "attemptsTotal": self.attempts_total,
+        });
+        let seen = self.skipped as u64 + self.attempts.len() as u64;
+        if seen < self.attempts_total {
+            answer["nextSkip"] = json!(seen);
+        }
+        answer
     }
 }
 
@@ -435,8 +446,8 @@ impl Queue {
                 if bytes > max_bytes && !jobs.is_empty() {
                     return Ok((jobs, true));
                 }
-                let attempts = tx.ledger().attempts(id)?;
-                let error = failure::error_line(&job.data, attempts.last());
+                let (latest, _) = tx.ledger().attempts(id, 0, 1)?;
+                let error = failure::error_line(&job.data, latest.last());
                 jobs.push((job, error));
             }
             Ok((jobs, false))
@@ -456,15 +467,19 @@ impl Queue {
             .await
     }
 
-    /// A job's history; `NoSuchJob` when nothing is known of it.
-    pub async fn history(&self, id: JobId) -> Result<History, JobError> {
+    /// A job's history, with up to `limit` of its attempts after skipping
+    /// its `skip` latest; `NoSuchJob` when nothing is known of it.
+    pub async fn history(&self, id: JobId, skip: usize, limit: usize) -> Result<History, JobError> {
         self.read(move |tx| {
+            let (attempts, attempts_total) = tx.ledger().attempts(id, skip, limit)?;
             let history = History {
                 job: tx.get(id)?,
                 archived: tx.ledger().archived(id)?,
-                attempts: tx.ledger().attempts(id)?,
+                attempts,
+                attempts_total,
+                skipped: skip,
             };
-            if history.job.is_none() && history.archived.is_none() && history.attempts.is_empty() {
+            if history.job.is_none() && history.archived.is_none() && history.attempts_total == 0 {
                 return Err(JobError::NoSuchJob);
             }
             Ok(history)

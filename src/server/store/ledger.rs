@@ -62,8 +62,14 @@ pub trait LedgerTx {
     /// When the job's current occurrence entered the queue: the due time of
     /// its latest first attempt.
     fn occurrence_start(&mut self, job_id: JobId) -> Result<Option<Timestamp>, JobError>;
-    /// Every recorded attempt of a job, oldest first.
-    fn attempts(&mut self, job_id: JobId) -> Result<Vec<Attempt>, JobError>;
+    /// Up to `limit` of a job's recorded attempts, oldest first, after
+    /// skipping its `skip` latest; and how many it has in all.
+    fn attempts(
+        &mut self,
+        job_id: JobId,
+        skip: usize,
+        limit: usize,
+    ) -> Result<(Vec<Attempt>, u64), JobError>;
 
     /// Keeps an ended job (replacing an earlier entry for it).
     fn archive(&mut self, job: &ArchivedJob) -> Result<(), JobError>;

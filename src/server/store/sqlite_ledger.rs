@@ -374,17 +374,32 @@ impl LedgerTx for SqliteTx<'_> {
             .map_err(store_error)
     }
 
-    fn attempts(&mut self, job_id: JobId) -> Result<Vec<Attempt>, JobError> {
+    fn attempts(
+        &mut self,
+        job_id: JobId,
+        skip: usize,
+        limit: usize,
+    ) -> Result<(Vec<Attempt>, u64), JobError> {
+        let total: i64 = self
+            .conn
+            .prepare_cached("SELECT count(*) FROM attempts WHERE job_id = ?1")
+            .map_err(store_error)?
+            .query_row([job_id], |row| row.get(0))
+            .map_err(store_error)?;
         let mut statement = self
             .conn
             .prepare_cached(&format!(
-                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ?1 ORDER BY attempt_id"
+                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ?1 \
+                 ORDER BY attempt_id DESC LIMIT ?2 OFFSET ?3"
             ))
             .map_err(store_error)?;
+        let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         let rows = statement
-            .query_map([job_id], read_attempt)
+            .query_map(params![job_id, clamp(limit), clamp(skip)], read_attempt)
             .map_err(store_error)?;
-        rows.collect::<Result<_, _>>().map_err(store_error)
+        let mut attempts: Vec<Attempt> = rows.collect::<Result<_, _>>().map_err(store_error)?;
+        attempts.reverse();
+        Ok((attempts, total.max(0) as u64))
     }
 
     fn archive(&mut self, job: &ArchivedJob) -> Result<(), JobError> {
@@ -762,7 +777,7 @@ impl LedgerTx for FailingTx {
     fn occurrence_start(&mut self, _: JobId) -> Result<Option<Timestamp>, JobError> {
         Err(self.0.clone())
     }
-    fn attempts(&mut self, _: JobId) -> Result<Vec<Attempt>, JobError> {
+    fn attempts(&mut self, _: JobId, _: usize, _: usize) -> Result<(Vec<Attempt>, u64), JobError> {
         Err(self.0.clone())
     }
     fn archive(&mut self, _: &ArchivedJob) -> Result<(), JobError> {
