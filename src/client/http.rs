@@ -156,7 +156,8 @@ impl HttpClient {
     /// whole call. With several servers: a server that cannot be connected
     /// to, or answers 503 (it did nothing), is set aside and the call goes
     /// to the next; a call that failed after it was sent (a timeout, a
-    /// reset) is not sent again, but the next call goes elsewhere.
+    /// reset) is not sent again, unless it is a GET, but the next call goes
+    /// elsewhere.
     pub async fn call(
         &self,
         method: Method,
@@ -198,6 +199,8 @@ impl HttpClient {
         timeout: Duration,
     ) -> Result<Result<Value, ClientError>, Failed> {
         let url = format!("{base}{path}");
+        // A GET changes nothing, so any server may be asked it again.
+        let safe = method == Method::GET;
         let mut request = self.http.request(method, &url).timeout(timeout);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token.expose());
@@ -207,7 +210,7 @@ impl HttpClient {
         }
         let transport = |e: reqwest::Error| Failed {
             // Not connected: nothing was sent, so another server may take it.
-            resend: e.is_connect(),
+            resend: e.is_connect() || safe,
             error: ClientError::Transport {
                 url: url.clone(),
                 detail: with_sources(&e),

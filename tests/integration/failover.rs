@@ -139,3 +139,37 @@ fn the_server_key_takes_a_string_or_an_array_of_urls() {
     assert!(stderr.contains("server"), "{stderr}");
     assert!(stderr.contains("an array of URLs"), "{stderr}");
 }
+
+/// A first server that takes the connection and drops it unanswered: a
+/// read (GET) is asked again of the next server; a create is not, since
+/// the first may have done it, and the next command goes to the next one.
+#[test]
+fn a_read_goes_to_the_next_server_when_the_first_drops_it_a_create_does_not() {
+    let server = Server::start();
+    let api = server.api();
+    api.create(json!({"name": "Listed"}));
+    let dropper = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dropping = format!("http://{}", dropper.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in dropper.incoming().flatten() {
+            // Read the request, then close without a word.
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut &stream, &mut buf);
+            drop(stream);
+        }
+    });
+    let list = format!("{dropping},{}", server.url);
+    let (code, stdout, stderr) = jobmgr(&["job", "list", "--server", &list, "--format", "json"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("Listed"), "{stdout}");
+
+    let (code, _, stderr) = jobmgr(&["job", "create", "Once", "--server", &list]);
+    assert_ne!(
+        code, 0,
+        "a create dropped by the first server was sent again"
+    );
+    assert!(stderr.contains(&dropping), "{stderr}");
+    let (status, listing) = api.get("/jobs?name=Once");
+    assert_eq!(status, 200);
+    assert_eq!(listing["jobs"], json!([]), "{listing}");
+}
