@@ -17,7 +17,15 @@ fn main() -> ExitCode {
             None => error.exit(),
         },
     };
+    // The supervisor's job guard is forked while this process has one thread.
+    let guard = cli
+        .command
+        .is_none()
+        .then(jobmgr::supervisor::job_guard::start);
     jobmgr::logging::init(cli.log_format);
+    if let Some(Err(error)) = guard {
+        tracing::warn!(%error, "cannot start the job guard: a job's children may outlive a crash of the supervisor");
+    }
     cli::environment::warn_unknown();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

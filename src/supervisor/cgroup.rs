@@ -304,12 +304,13 @@ impl JobCgroup {
     /// Kills everything in the job's cgroups, including processes that left
     /// the worker's process group or session.
     pub fn kill(&self) {
-        if let Some(dir) = &self.unified {
-            let _ = write(&dir.join("cgroup.kill"), "1");
-        }
-        for dir in &self.dirs {
-            kill_procs(dir);
-        }
+        kill_dirs(&self.dirs);
+    }
+
+    /// The job's cgroup directories (for the job guard, which kills them
+    /// if the supervisor dies first).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
     }
 
     /// Whether the kernel killed something in the job for lack of memory.
@@ -345,6 +346,20 @@ impl Drop for JobCgroup {
         for dir in self.dirs.iter().rev() {
             remove_dir_when_empty(dir);
         }
+    }
+}
+
+/// Kills everything in the cgroup directories `dirs`: `cgroup.kill` where
+/// the kernel has it, then each listed pid (v1).
+pub fn kill_dirs(dirs: &[PathBuf]) {
+    for dir in dirs {
+        let kill = dir.join("cgroup.kill");
+        if kill.exists() {
+            let _ = write(&kill, "1");
+        }
+    }
+    for dir in dirs {
+        kill_procs(dir);
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod cgroup;
 pub mod gate;
+pub mod job_guard;
 pub mod landlock;
 pub mod launcher;
 pub mod no_worker;

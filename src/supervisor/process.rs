@@ -137,6 +137,9 @@ pub async fn run(
     let mut child = launcher.spawn(command).await?;
     drop(progress_write);
     let pid = child.id().unwrap_or(0);
+    // Should the supervisor die before the job ends, the job guard ends
+    // the job's process group and cgroups.
+    super::job_guard::started(pid, tree.as_ref().map_or(&[][..], |t| t.dirs()));
     if let Some(hook) = &spec.on_spawn {
         (hook.0)(pid);
     }
@@ -177,6 +180,7 @@ pub async fn run(
     launcher.reaped(pid);
     kill_group(pid, Signal::SIGKILL);
     kill_tree(tree.as_ref()).await;
+    super::job_guard::ended(pid);
     writer.abort();
     // Progress written just before the end still counts: read fd 3 to its
     // end (the group is dead), as briefly as the output.

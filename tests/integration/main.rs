@@ -29,6 +29,7 @@ mod hostile;
 mod hostile_workers;
 mod http_limits;
 mod idempotency;
+mod job_guard;
 mod job_uids;
 mod leases;
 mod ledger;
