@@ -80,12 +80,11 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The token file of a server whose SQLite file is `db`: `token` in the
-/// same directory.
+/// The token file of a server whose store is `db`: `token` in the SQLite
+/// file's directory, or for a PostgreSQL URL in the state directory.
 pub fn default_token_file(db: &Path) -> PathBuf {
-    db.parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
+    crate::server::StoreLocation::of(db)
+        .state_dir()
         .join(TOKEN_FILE_NAME)
 }
 

@@ -131,7 +131,7 @@ pub async fn run(args: CheckConfigArgs) -> Result<(), CliError> {
         (
             "db",
             if embedded {
-                format!("{:?}", db.display().to_string())
+                format!("{:?}", crate::server::StoreLocation::of(&db).describe())
             } else {
                 "# not used".into()
             },

@@ -15,8 +15,8 @@ use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig, http};
 /// Options of `jobmgr server`.
 #[derive(Debug, Args)]
 pub struct ServerArgs {
-    /// The SQLite file [default: $STATE_DIRECTORY/jobs.db, /var/lib/jobmgr/jobs.db as root, else ~/.local/state/jobmgr/jobs.db]
-    #[arg(long, env = "JOBMGR_DB", value_name = "PATH")]
+    /// The SQLite file, or a PostgreSQL database's URL (postgres://USER@HOST:PORT/DATABASE) that several servers can share [default: $STATE_DIRECTORY/jobs.db, /var/lib/jobmgr/jobs.db as root, else ~/.local/state/jobmgr/jobs.db]
+    #[arg(long, env = "JOBMGR_DB", value_name = "PATH|URL")]
     pub db: Option<PathBuf>,
     /// Where the HTTP API listens.
     #[arg(long, env = "JOBMGR_HTTP", value_name = "ADDR", default_value = DEFAULT_HTTP_ADDR)]
@@ -199,9 +199,13 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         tracing::warn!("{warning}");
     }
     let db = args.db.unwrap_or_else(server::default_db_path);
-    let token_file = args
-        .token_file
-        .unwrap_or_else(|| crate::auth::default_token_file(&db));
+    // A database URL has no directory: its token file is in the state
+    // directory.
+    let token_file = args.token_file.unwrap_or_else(|| {
+        server::StoreLocation::of(&db)
+            .state_dir()
+            .join(crate::auth::TOKEN_FILE_NAME)
+    });
     let token = crate::auth::for_server(args.token.as_deref(), &token_file)
         .map_err(server::ServerError::from)?;
     let config = ServerConfig {
@@ -267,12 +271,16 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         None => "none".to_string(),
     };
     let metrics = super::serve_metrics(args.metrics, Some(config.token.clone())).await?;
-    let started = server::Server::start(&config)?;
+    let mut signals = signals;
+    let started = tokio::select! {
+        started = server::Server::start(&config) => started?,
+        _ = signals.stop_requested() => return Ok(()),
+    };
     let scheme = if started.tls() { "https" } else { "http" };
     // One line on stdout when ready, for scripts and tests to wait on.
     println!(
         "jobmgr server ready: http={scheme}://{local} bedrock={bedrock_addr} db={}{metrics}",
-        config.db.display()
+        server::StoreLocation::of(&config.db).describe()
     );
     tracing::info!(http = %local, bedrock = %bedrock_addr, "job server listening");
     super::service::ready(&format!("serving http={local} bedrock={bedrock_addr}"));

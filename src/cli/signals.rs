@@ -26,6 +26,16 @@ impl Signals {
         })
     }
 
+    /// Resolves on SIGTERM or SIGINT, before the server serves (while it
+    /// waits for its database): it stops without serving.
+    pub async fn stop_requested(&mut self) {
+        let name = tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "stop requested before the server was ready");
+    }
+
     /// Resolves on SIGTERM or SIGINT (the server's stop).
     pub async fn shutdown(mut self) {
         let name = tokio::select! {

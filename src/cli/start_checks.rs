@@ -49,14 +49,11 @@ pub struct Plan {
 pub fn check(options: SupervisorOptions) -> Result<Plan, CliError> {
     let usage = |e: &dyn std::fmt::Display| CliError::Usage(e.to_string());
     let db = options.db.clone().unwrap_or_else(server::default_db_path);
+    let state_dir = server::StoreLocation::of(&db).state_dir();
     let token_file = options
         .token_file
         .clone()
-        .unwrap_or_else(|| crate::auth::default_token_file(&db));
-    let state_dir = db
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
+        .unwrap_or_else(|| state_dir.join(crate::auth::TOKEN_FILE_NAME));
     let pools = Settings::resolve_pools(&options, &state_dir).map_err(|e| usage(&e))?;
     for settings in &pools {
         let within = settings

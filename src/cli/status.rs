@@ -53,10 +53,7 @@ pub fn run(args: StatusArgs) -> Result<(), CliError> {
         .db
         .clone()
         .unwrap_or_else(crate::server::default_db_path);
-    let state_dir = db
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let state_dir = crate::server::StoreLocation::of(&db).state_dir();
     let path = config::status_file(&options, &state_dir);
     let status = status::read(&path).map_err(|error| match error.kind() {
         std::io::ErrorKind::NotFound => CliError::NotFound(format!(

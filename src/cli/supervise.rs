@@ -111,7 +111,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             };
             let http_local = http.local_addr().map_err(server::ServerError::Serve)?;
             let bedrock_local = bedrock.as_ref().and_then(|l| l.local_addr().ok());
-            let started = server::Server::start(&config)?;
+            let started = server::Server::start(&config).await?;
             let queue = started.queue.clone();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let task = tokio::spawn(started.serve(Listeners { http, bedrock }, async move {
@@ -120,7 +120,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             println!(
                 "jobmgr supervisor ready: server=embedded http=http://{http_local} bedrock={} db={}{metrics}",
                 bedrock_local.map_or("none".to_string(), |a| a.to_string()),
-                db.display()
+                server::StoreLocation::of(&db).describe()
             );
             embedded = Some((stop, task));
             Arc::new(LocalSource::new(queue))

@@ -115,6 +115,12 @@ pub enum JobError {
     /// The store failed; nothing was changed.
     #[error("Job store failed: {0}")]
     Store(String),
+    /// The store cannot be reached (its database is down or cut off);
+    /// nothing was changed.
+    #[error(
+        "Job store unavailable: {0}; nothing was changed: retry shortly or against another server"
+    )]
+    StoreUnavailable(String),
     /// The server is shutting down and takes no more commands.
     #[error("Server is shutting down; retry against another server or after restart")]
     ShuttingDown,
@@ -137,7 +143,7 @@ impl JobError {
             LeaseLost(_) | IdempotencyKeyReused(_) => 409,
             UnrecognizedCommand => 430,
             Store(_) => 502,
-            ShuttingDown => 503,
+            StoreUnavailable(_) | ShuttingDown => 503,
         }
     }
 
@@ -177,6 +183,7 @@ impl JobError {
                     IdempotencyKeyReused(_) => "idempotency_key_reused",
                     UnrecognizedCommand => "unrecognized_command",
                     Store(_) => "store_failed",
+                    StoreUnavailable(_) => "store_unavailable",
                     ShuttingDown => "shutting_down",
                     Missing(_) | Malformed(_) | ControlCharacter(_) => {
                         unreachable!("handled above")

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::ApiToken;
 use queue::{Queue, QueueConfig};
-use store::SqliteStore;
 pub use store::sqlite_error::StoreOpenError;
+use store::{PgStore, SqliteStore};
 
 /// The HTTP address the server listens on unless told otherwise.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8889";
@@ -30,7 +30,8 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8889";
 /// What the server needs to start.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The SQLite file.
+    /// The SQLite file, or a PostgreSQL URL (`postgres://…`, see
+    /// [`StoreLocation`]).
     pub db: PathBuf,
     /// The bearer token every request must carry, on both ports and on
     /// every address (see [`crate::auth`]).
@@ -59,6 +60,9 @@ pub enum ServerError {
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreOpenError),
+    /// The PostgreSQL store could not be opened.
+    #[error(transparent)]
+    Postgres(#[from] store::PgOpenError),
     /// An address could not be bound.
     #[error("cannot listen on {addr}: {source}; pick another address or stop what holds it")]
     Bind {
@@ -88,6 +92,74 @@ pub enum ServerError {
     /// The TLS certificate or key could not be used.
     #[error(transparent)]
     Tls(#[from] http::listen::TlsError),
+}
+
+/// Where the jobs are kept, read from `--db`: a PostgreSQL URL
+/// (`postgres://` or `postgresql://`), or else an SQLite file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// An SQLite file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database, by URL.
+    Postgres(String),
+}
+
+impl StoreLocation {
+    /// Reads a `--db` value.
+    pub fn of(db: &std::path::Path) -> Self {
+        match db.to_str() {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                StoreLocation::Postgres(url.to_string())
+            }
+            _ => StoreLocation::Sqlite(db.to_path_buf()),
+        }
+    }
+
+    /// The directory that holds the server's token file and the
+    /// supervisor's state: the SQLite file's, or for a database URL the
+    /// default state directory (that of [`default_db_path`]).
+    pub fn state_dir(&self) -> PathBuf {
+        let anchor = match self {
+            StoreLocation::Sqlite(path) => path.clone(),
+            StoreLocation::Postgres(_) => default_db_path(),
+        };
+        anchor
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), PathBuf::from)
+    }
+
+    /// The location for messages: a PostgreSQL URL without its password.
+    pub fn describe(&self) -> String {
+        match self {
+            StoreLocation::Sqlite(path) => path.display().to_string(),
+            StoreLocation::Postgres(url) => store::postgres_url_redacted(url),
+        }
+    }
+}
+
+/// Sets its flag when dropped.
+struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// An open store, of either kind.
+enum OpenStore {
+    Sqlite(Arc<SqliteStore>),
+    Postgres(Arc<PgStore>),
+}
+
+impl OpenStore {
+    fn close(&self) {
+        match self {
+            OpenStore::Sqlite(store) => store.close(),
+            OpenStore::Postgres(store) => store.close(),
+        }
+    }
 }
 
 /// The default SQLite file: `$STATE_DIRECTORY/jobs.db` under systemd,
@@ -150,7 +222,7 @@ pub struct Listeners {
 pub struct Server {
     /// The queue every front-end serves.
     pub queue: Queue,
-    store: Arc<SqliteStore>,
+    store: OpenStore,
     bedrock_limits: bedrock::Limits,
     token: ApiToken,
     bedrock_trust_loopback: bool,
@@ -165,23 +237,46 @@ impl Server {
         self.tls.is_some()
     }
 
-    /// Opens the store and starts the queue.
-    pub fn start(config: &ServerConfig) -> Result<Self, ServerError> {
+    /// Opens the store and starts the queue. A PostgreSQL database that
+    /// cannot be reached yet is waited for, with backoff, for as long as
+    /// the caller waits.
+    pub async fn start(config: &ServerConfig) -> Result<Self, ServerError> {
         let tls = config
             .tls
             .as_ref()
             .map(http::TlsFiles::acceptor)
             .transpose()?;
-        let store = Arc::new(SqliteStore::open(&config.db)?);
-        let clock: Arc<dyn queue::Clock> = match &config.clock_file {
-            Some(path) => {
+        let location = StoreLocation::of(&config.db);
+        let (store, shared, database_clock): (OpenStore, Arc<dyn store::Store>, _) = match &location
+        {
+            StoreLocation::Sqlite(path) => {
+                let store = Arc::new(SqliteStore::open(path)?);
+                (OpenStore::Sqlite(store.clone()), store, None)
+            }
+            StoreLocation::Postgres(url) => {
+                let url = url.clone();
+                // Stops the retries when the caller stops waiting.
+                let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let _cancel = CancelOnDrop(Arc::clone(&cancelled));
+                let store =
+                    tokio::task::spawn_blocking(move || PgStore::open(&url, None, &cancelled))
+                        .await
+                        .map_err(|e| ServerError::Serve(std::io::Error::other(e.to_string())))??;
+                let store = Arc::new(store);
+                let clock = store.clock();
+                (OpenStore::Postgres(store.clone()), store, Some(clock))
+            }
+        };
+        let clock: Arc<dyn queue::Clock> = match (&config.clock_file, database_clock) {
+            (Some(path), _) => {
                 tracing::warn!(path = %path.display(), "reading the time from a file, not the system clock");
                 Arc::new(queue::FileClock::new(path.clone()))
             }
-            None => Arc::new(queue::SystemClock),
+            (None, Some(database)) => database,
+            (None, None) => Arc::new(queue::SystemClock),
         };
-        let queue = Queue::start_with_clock(store.clone(), config.queue, clock);
-        tracing::info!(db = %config.db.display(), "job store open");
+        let queue = Queue::start_with_clock(shared, config.queue, clock);
+        tracing::info!(db = %location.describe(), "job store open");
         Ok(Server {
             queue,
             store,
@@ -314,7 +409,7 @@ pub async fn run(
     http: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let server = Server::start(&config)?;
+    let server = Server::start(&config).await?;
     server
         .serve(
             Listeners {

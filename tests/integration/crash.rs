@@ -1,5 +1,6 @@
-//! `kill -9` and restart on the same SQLite file: every acknowledged write
-//! is there, and a job held at the crash is neither lost nor stuck.
+//! `kill -9` and restart on the same store (SQLite file or PostgreSQL
+//! database): every acknowledged write is there, and a job held at the crash
+//! is neither lost nor stuck.
 
 use crate::common::*;
 
@@ -249,6 +250,12 @@ fn a_job_running_at_a_crash_lapses_back_after_restart() {
 
 #[test]
 fn a_lease_that_ended_while_the_server_was_down_gets_one_more_term() {
+    if skip_on_postgres(
+        "a restarted server does not extend the leases of running jobs by one term: other \
+         servers on the database may have gone on serving renewals while it was down",
+    ) {
+        return;
+    }
     let mut server = Server::start();
     let api = server.api();
     let reported = api.create(json!({"name": "crash-down-reported"}));

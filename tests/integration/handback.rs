@@ -602,10 +602,7 @@ fn a_hand_out_from_before_the_upgrade_is_handed_back_with_retry_job() {
         .expect("the job is handed out");
     // As if it was handed out by a server that kept no copy of it.
     server.kill9();
-    let db = rusqlite::Connection::open(&server.db).expect("open the store");
-    db.execute("DELETE FROM jobs_before_handout", [])
-        .expect("forget the copy");
-    drop(db);
+    server.store_execute("DELETE FROM jobs_before_handout");
     server.start_again_on_the_same_port();
     let api = server.api();
 
@@ -629,33 +626,24 @@ fn a_deleted_or_purged_job_leaves_no_copy_from_before_its_hand_out() {
         .arg("0")
         .start();
     let api = server.api();
-    let kept = |what: &str| -> Vec<i64> {
-        let db = rusqlite::Connection::open(&server.db).expect("open the store");
-        let mut ids = db
-            .prepare("SELECT job_id FROM jobs_before_handout ORDER BY job_id")
-            .expect(what);
-        ids.query_map([], |row| row.get(0))
-            .expect(what)
-            .collect::<Result<_, _>>()
-            .expect(what)
-    };
+    let kept = || server.store_query_i64("SELECT job_id FROM jobs_before_handout ORDER BY job_id");
     let finished = api.create(json!({"name": "done"}));
     let failed = api.create(json!({"name": "fails"}));
     let running = api.create(json!({"name": "runs"}));
     for (id, name) in [(finished, "done"), (failed, "fails"), (running, "runs")] {
         assert_eq!(api.take(name)["jobID"], id);
     }
-    assert_eq!(kept("after the hand-outs"), [finished, failed, running]);
+    assert_eq!(kept(), [finished, failed, running], "after the hand-outs");
 
     assert_eq!(
         api.post(&format!("/jobs/{finished}/finish"), json!({})).0,
         200
     );
     assert_eq!(api.post(&format!("/jobs/{failed}/fail"), json!({})).0, 200);
-    assert_eq!(kept("after the reports"), [failed, running]);
+    assert_eq!(kept(), [failed, running], "after the reports");
     let (status, purged) = api.post("/purge", json!({}));
     assert_eq!((status, &purged["failed"]), (200, &json!(1)), "{purged}");
-    assert_eq!(kept("after the purge"), [running]);
+    assert_eq!(kept(), [running], "after the purge");
 }
 
 // ---------------------------------------------------------------------------

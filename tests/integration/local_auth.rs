@@ -112,7 +112,7 @@ fn a_worker_uid_without_the_token_is_refused_on_both_ports_and_cannot_read_it() 
     let server = Server::start();
     // Only the token file's own mode keeps `nobody` out (not a private
     // directory around it).
-    let dir = server.db.parent().expect("db dir");
+    let dir = server.db().parent().expect("db dir");
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
     let api = server.api();
     let victim = api.create(json!({"name": "victim", "data": {"apiKey": "k-SECRET-42"}}));

@@ -167,7 +167,7 @@ fn a_name_already_in_an_old_database_cannot_forge_a_line() {
     // A name written before names were checked.
     server.kill9();
     {
-        let db = rusqlite::Connection::open(&server.db).expect("open the store");
+        let db = rusqlite::Connection::open(server.db()).expect("open the store");
         db.execute(
             "UPDATE jobs SET name = ?1 WHERE job_id = ?2",
             rusqlite::params!["legacy\nFORGED-NAME INFO jobmgr: fine", id],

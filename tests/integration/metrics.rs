@@ -50,7 +50,7 @@ fn the_supervisor_counts_every_outcome_and_the_server_its_queue() {
         .arg("2s")
         .arg("--config")
         .arg(&{
-            let config = server.db.with_extension("metrics.toml");
+            let config = server.db().with_extension("metrics.toml");
             std::fs::write(
                 &config,
                 "[[job]]\nname = \"Stubborn\"\ntimeout = \"500ms\"\n",

@@ -48,13 +48,13 @@ fn second_server_refused(db: &Path) -> String {
 #[test]
 fn two_servers_on_one_sqlite_file_the_second_is_refused() {
     let first = Server::start();
-    let stderr = second_server_refused(&first.db);
+    let stderr = second_server_refused(first.db());
     assert!(
         stderr.contains("in use by another jobmgr server"),
         "{stderr}"
     );
     assert!(
-        stderr.contains(&first.db.display().to_string()),
+        stderr.contains(&first.db().display().to_string()),
         "names the file: {stderr}"
     );
     assert!(

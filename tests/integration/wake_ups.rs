@@ -1,6 +1,7 @@
 //! Randomized stress of blocked GetJob against concurrent creates, on the
-//! queue over a real SQLite file: no job may stay QUEUED while a waiter that
-//! could take it sleeps.
+//! queue over a real store (an SQLite file, or with
+//! `JOBMGR_TEST_STORE=postgres` a PostgreSQL database of its own): no job
+//! may stay QUEUED while a waiter that could take it sleeps.
 //!
 //! "Stranded" is decided without timing: every waiter waits an hour, and in
 //! each round there are at least as many sleeping catch-all waiters as jobs
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use jobmgr::protocol::view::HandOut;
 use jobmgr::protocol::{CreateJob, GetJobs, JobId, JobState, LeaseTerm, NamePattern, Priority};
 use jobmgr::server::queue::{Queue, QueueConfig};
-use jobmgr::server::store::SqliteStore;
+use jobmgr::server::store::{PgStore, SqliteStore, Store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -25,6 +26,67 @@ const ROUNDS: usize = 600;
 /// rounds take milliseconds.
 const ROUND_DEADLINE: Duration = Duration::from_secs(10);
 const HOUR: Duration = Duration::from_secs(3600);
+
+/// The store under the queue, as `JOBMGR_TEST_STORE` says.
+enum TestStore {
+    Sqlite {
+        store: Arc<SqliteStore>,
+        _dir: tempfile::TempDir,
+    },
+    Postgres {
+        store: Arc<PgStore>,
+        // Dropped (WITH (FORCE)) after the store's connections close.
+        _database: crate::common::TestDatabase,
+    },
+}
+
+impl TestStore {
+    /// Opens a new store. Outside any async runtime: PostgreSQL's client
+    /// blocks on a runtime of its own.
+    fn open() -> TestStore {
+        match crate::common::store_kind() {
+            crate::common::StoreKind::Sqlite => {
+                let dir = tempfile::tempdir().unwrap();
+                let store = SqliteStore::open(&dir.path().join("jobs.db")).unwrap();
+                TestStore::Sqlite {
+                    store: Arc::new(store),
+                    _dir: dir,
+                }
+            }
+            crate::common::StoreKind::Postgres => {
+                let database = crate::common::TestDatabase::create();
+                let never = std::sync::atomic::AtomicBool::new(false);
+                let store = PgStore::open(database.url(), Some(Duration::from_secs(10)), &never)
+                    .unwrap_or_else(|e| panic!("open {}: {e}", database.url()));
+                TestStore::Postgres {
+                    store: Arc::new(store),
+                    _database: database,
+                }
+            }
+        }
+    }
+
+    /// A queue over it, reading the time as the server does.
+    fn queue(&self) -> Queue {
+        match self {
+            TestStore::Sqlite { store, .. } => {
+                Queue::start(Arc::clone(store) as Arc<dyn Store>, QueueConfig::default())
+            }
+            TestStore::Postgres { store, .. } => Queue::start_with_clock(
+                Arc::clone(store) as Arc<dyn Store>,
+                QueueConfig::default(),
+                store.clock(),
+            ),
+        }
+    }
+
+    fn close(&self) {
+        match self {
+            TestStore::Sqlite { store, .. } => store.close(),
+            TestStore::Postgres { store, .. } => store.close(),
+        }
+    }
+}
 
 fn pick<'a, T>(rng: &mut StdRng, items: &'a [T]) -> &'a T {
     &items[rng.random_range(0..items.len())]
@@ -172,10 +234,9 @@ fn a_blocked_getjob_never_misses_its_wake_up_under_concurrent_creates() {
         .enable_all()
         .build()
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let store = TestStore::open();
     runtime.block_on(async {
-        let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
-        let queue = Queue::start(store.clone(), QueueConfig::default());
+        let queue = store.queue();
         queue.ready().await;
         let mut rng = StdRng::seed_from_u64(seed);
         let mut stranded = Vec::new();
@@ -208,10 +269,9 @@ fn a_claim_that_fails_a_worn_out_retry_after_job_hands_out_the_next_due_one() {
         .enable_all()
         .build()
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let store = TestStore::open();
     runtime.block_on(async {
-        let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
-        let queue = Queue::start(store.clone(), QueueConfig::default());
+        let queue = store.queue();
         queue.ready().await;
         let mut worn = CreateJob::named("worn");
         worn.retry_after = Some(jobmgr::protocol::RetryAfter::parse("+1 HOUR").unwrap());

@@ -27,6 +27,13 @@ pub trait Clock: Send + Sync {
     }
 }
 
+/// The database's clock, for a store several servers share.
+impl Clock for crate::server::store::DatabaseClock {
+    fn now(&self) -> Timestamp {
+        crate::server::store::DatabaseClock::now(self)
+    }
+}
+
 /// Notices forward steps of the wall clock (a bad NTP sync, an operator's
 /// `date -s`). Leases are judged by wall time while holders renew them by
 /// monotonic time, so a step of an hour would lapse every lease at once and

@@ -28,7 +28,7 @@ use crate::protocol::{
 };
 use crate::server::ledger::Retention;
 use crate::server::ledger::retention::millis;
-use crate::server::store::{ListQuery, Store};
+use crate::server::store::{Announcement, ListQuery, Store};
 
 pub use clock::{Clock, FileClock, SystemClock};
 pub use reports::{History, WorkerView};
@@ -174,6 +174,9 @@ impl Queue {
                 claim_hook: Mutex::new(None),
             }),
         };
+        if let Some(announcements) = queue.inner.store.announcements() {
+            tokio::spawn(follow_other_servers(queue.clone(), announcements));
+        }
         tokio::spawn(scheduler::run(queue.clone()));
         tokio::spawn(reports::purge_periodically(queue.clone()));
         if let Some(age) = config.requeue_unleased_after {
@@ -233,6 +236,7 @@ impl Queue {
         let watch = Arc::clone(&self.inner.steps);
         let watch_after = Arc::clone(&watch);
         let gone_after = millis(self.inner.config.retention.worker_gone_after);
+        let shared = self.inner.store.shared();
         let (result, changes, _, stepped) = self
             .inner
             .store
@@ -242,6 +246,9 @@ impl Queue {
                     let (reading, stepped) =
                         steps::make_up_for_step(&mut tx, &watch, clock.is_scripted())?;
                     let result = op(&mut tx)?;
+                    if shared {
+                        tx.announce()?;
+                    }
                     watch
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -280,6 +287,36 @@ impl Queue {
         self.inner.waiters.wake(due);
         if let Some(at) = later {
             self.inner.timer.nudge(at);
+        }
+    }
+
+    /// Acts on another server's commit as on this server's own: wakes the
+    /// waiters for what it made due and sets the timer for the rest. After
+    /// announcements may have been missed, every waiter and the timer look
+    /// again.
+    fn after_other_commit(&self, announcement: Announcement) {
+        match announcement {
+            Announcement::Changes {
+                ready,
+                lease_expiry,
+            } => self.after_commit(Changes {
+                ready: ready
+                    .into_iter()
+                    .map(|job| {
+                        let due = DueJob {
+                            id: job.id,
+                            name: job.name,
+                            priority: job.priority,
+                        };
+                        (due, job.next_run)
+                    })
+                    .collect(),
+                lease_expiry,
+            }),
+            Announcement::Missed => {
+                self.inner.waiters.wake_all();
+                self.inner.timer.wake_now();
+            }
         }
     }
 
@@ -488,6 +525,23 @@ impl Queue {
         let term = self.inner.config.default_lease_ms;
         self.write(move |tx| rules::heartbeat(tx, id, &token, term))
             .await
+    }
+}
+
+/// Hands what other servers on a shared store commit to the queue, until
+/// the queue shuts down or the store stops listening.
+async fn follow_other_servers(
+    queue: Queue,
+    mut announcements: tokio::sync::mpsc::UnboundedReceiver<Announcement>,
+) {
+    loop {
+        tokio::select! {
+            _ = queue.inner.shutdown.cancelled() => return,
+            announcement = announcements.recv() => match announcement {
+                Some(announcement) => queue.after_other_commit(announcement),
+                None => return,
+            },
+        }
     }
 }
 

@@ -22,7 +22,14 @@ pub(super) async fn run(queue: Queue) {
     // Time the server was down does not count against holders: leases
     // still running get one more term from now, so a holder that kept
     // working can renew or report before its job is handed out again.
-    match queue.write(rules::extend_running_leases).await {
+    // On a store shared with other servers, holders renewed through them
+    // while this one was down: nothing to make up for.
+    let extend = if inner.store.shared() {
+        Ok(0)
+    } else {
+        queue.write(rules::extend_running_leases).await
+    };
+    match extend {
         Ok(0) => {}
         Ok(extended) => tracing::info!(
             extended,

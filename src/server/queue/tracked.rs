@@ -3,7 +3,7 @@
 //! is committed, without any rule having to remember to.
 
 use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
-use crate::server::store::StoreTx;
+use crate::server::store::{ReadyJob, StoreTx};
 
 use super::waiters::DueJob;
 
@@ -111,6 +111,23 @@ impl<'a> Tracked<'a> {
     /// Every child of a job.
     pub fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError> {
         self.store.children(parent)
+    }
+
+    /// Tells other servers sharing the store what this transaction made
+    /// ready and the earliest lease it set, once it commits.
+    pub fn announce(&mut self) -> Result<(), JobError> {
+        let ready: Vec<ReadyJob> = self
+            .changes
+            .ready
+            .iter()
+            .map(|(job, next_run)| ReadyJob {
+                id: job.id,
+                name: job.name.clone(),
+                priority: job.priority,
+                next_run: *next_run,
+            })
+            .collect();
+        self.store.announce(&ready, self.changes.lease_expiry)
     }
 
     /// The underlying transaction, for reads the queue makes directly.

@@ -10,6 +10,7 @@ mod archive_listing;
 mod file_lock;
 mod ledger;
 mod listing;
+mod postgres;
 mod schema;
 mod sqlite;
 mod sqlite_ledger;
@@ -18,6 +19,7 @@ mod write_health;
 pub use archive_listing::ArchiveQuery;
 pub use ledger::{LedgerTx, PurgeLimits};
 
+pub use postgres::{DatabaseClock, PgOpenError, PgStore, redacted as postgres_url_redacted};
 pub use sqlite::SqliteStore;
 
 /// The error of opening the SQLite store.
@@ -53,6 +55,34 @@ pub struct Page {
     /// Whether the page stopped at [`ListQuery::max_bytes`] before its
     /// limit, with more jobs after it.
     pub cut: bool,
+}
+
+/// A job a commit made ready, as announced to other servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyJob {
+    /// The job.
+    pub id: JobId,
+    /// Its name.
+    pub name: String,
+    /// Its priority.
+    pub priority: Priority,
+    /// When it is due.
+    pub next_run: Timestamp,
+}
+
+/// What another server sharing the store committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Announcement {
+    /// The jobs its commit made ready, and the earliest lease it set.
+    Changes {
+        /// Jobs written in QUEUED or RUNQUEUED.
+        ready: Vec<ReadyJob>,
+        /// The earliest lease expiry written.
+        lease_expiry: Option<Timestamp>,
+    },
+    /// Announcements may have been missed (the listening connection was
+    /// lost): every waiter and the timer should look again.
+    Missed,
 }
 
 /// Row-level access to stored jobs inside one transaction.
@@ -111,6 +141,16 @@ pub trait StoreTx {
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError>;
     /// The ledger, in the same transaction.
     fn ledger(&mut self) -> &mut dyn LedgerTx;
+    /// Tells the other servers sharing the store, once this transaction
+    /// commits, which jobs it made ready and the earliest lease it set.
+    /// Nothing to do for a store no other server shares.
+    fn announce(
+        &mut self,
+        _ready: &[ReadyJob],
+        _lease_expiry: Option<Timestamp>,
+    ) -> Result<(), JobError> {
+        Ok(())
+    }
     /// The request fingerprint and job ids remembered for an idempotency
     /// key, if it was used at or after `since`.
     fn idempotent_answer(
@@ -152,6 +192,15 @@ pub trait Store: Send + Sync {
     /// Why writes fail, while they do (a full disk, an I/O error): set by a
     /// failed write, cleared by the next that commits a change.
     fn write_failure(&self) -> Option<String> {
+        None
+    }
+    /// Whether other servers share the store (and its jobs' leases).
+    fn shared(&self) -> bool {
+        false
+    }
+    /// What other servers sharing the store commit; `Some` only once, for
+    /// the queue.
+    fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Announcement>> {
         None
     }
 }

@@ -8,15 +8,17 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 mod fault_proxy;
+mod pg;
 mod process;
 mod waits;
 pub use fault_proxy::FaultProxy;
+pub use pg::{StoreKind, TestDatabase, skip_on_postgres, store_is_postgres, store_kind};
 pub use process::*;
 pub use waits::*;
 
@@ -96,8 +98,21 @@ pub fn bedrock_exchange(addr: &str, request: &[u8]) -> String {
     raw_exchange(addr, &with_token_header(request))
 }
 
-/// A `jobmgr server` process on 127.0.0.1, with its own SQLite file in a
-/// temporary directory. Killed (by pid) when dropped.
+/// Where a fixture server keeps its jobs.
+#[derive(Clone)]
+enum StoreAt {
+    /// This SQLite file.
+    Sqlite(PathBuf),
+    /// This PostgreSQL database, shared by the servers started
+    /// [`ServerBuilder::same_store_as`] each other; the last of them to be
+    /// dropped drops it.
+    Postgres(Arc<TestDatabase>),
+}
+
+/// A `jobmgr server` process on 127.0.0.1, with a store of its own: an
+/// SQLite file in a temporary directory, or with `JOBMGR_TEST_STORE=postgres`
+/// a PostgreSQL database made for it ([`store_kind`]). Killed (by pid) when
+/// dropped; its database is dropped after it.
 pub struct Server {
     child: Option<Child>,
     /// `http://127.0.0.1:PORT`.
@@ -106,8 +121,11 @@ pub struct Server {
     pub bedrock: String,
     /// The metrics endpoint's `127.0.0.1:PORT`, with `--metrics`.
     pub metrics: String,
-    /// The SQLite file.
-    pub db: PathBuf,
+    store: StoreAt,
+    /// The URL to reach a PostgreSQL store at, if not its own.
+    db_url: Option<String>,
+    /// The directory of its token file (the SQLite file's).
+    home: PathBuf,
     dir: Option<tempfile::TempDir>,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -119,15 +137,58 @@ pub struct Server {
 #[derive(Default, Clone)]
 pub struct ServerBuilder {
     db: Option<PathBuf>,
+    same_store: Option<StoreAt>,
+    /// The URL to reach a PostgreSQL store at, if not its own.
+    db_url: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
 }
 
 impl ServerBuilder {
-    /// Use this SQLite file (for restarts).
+    /// Use this SQLite file. Not with PostgreSQL: a test that names a
+    /// file skips there ([`skip_on_postgres`]).
     pub fn db(mut self, db: &Path) -> Self {
+        assert!(
+            !store_is_postgres(),
+            "ServerBuilder::db names an SQLite file, but JOBMGR_TEST_STORE=postgres: the test \
+             should skip on PostgreSQL (common::skip_on_postgres), or use same_store_as"
+        );
         self.db = Some(db.to_path_buf());
         self
+    }
+
+    /// Serve the same store as `other` (another server beside it, for tests
+    /// of several servers on one store). PostgreSQL only: one SQLite file
+    /// is served by one server at a time (one_server_per_file.rs), so this
+    /// panics on SQLite; such a test skips unless [`store_is_postgres`].
+    pub fn same_store_as(mut self, other: &Server) -> Self {
+        match &other.store {
+            StoreAt::Sqlite(db) => panic!(
+                "same_store_as: the other server's store is the SQLite file {}, which only one \
+                 server may serve at a time; a test of several servers on one store runs only \
+                 with JOBMGR_TEST_STORE=postgres (check common::store_is_postgres())",
+                db.display()
+            ),
+            StoreAt::Postgres(database) => {
+                self.same_store = Some(StoreAt::Postgres(Arc::clone(database)));
+            }
+        }
+        self
+    }
+
+    /// Serve this PostgreSQL database, whatever `JOBMGR_TEST_STORE` says:
+    /// for tests of what only PostgreSQL offers (several servers on one
+    /// store), which always run.
+    pub fn on_database(mut self, database: &Arc<TestDatabase>) -> Self {
+        self.same_store = Some(StoreAt::Postgres(Arc::clone(database)));
+        self
+    }
+
+    /// As [`on_database`](Self::on_database), reaching it at `url` (through
+    /// a fault proxy, say).
+    pub fn on_database_at(mut self, database: &Arc<TestDatabase>, url: &str) -> Self {
+        self.db_url = Some(url.to_string());
+        self.on_database(database)
     }
 
     /// An extra command-line argument for `jobmgr server`.
@@ -144,21 +205,37 @@ impl ServerBuilder {
 
     /// Starts it and waits for its ready line.
     pub fn start(self) -> Server {
-        let (dir, db) = match self.db {
-            Some(db) => (None, db),
-            None => {
+        let (store, dir) = match (self.db, self.same_store) {
+            (Some(db), _) => (StoreAt::Sqlite(db), None),
+            (None, Some(store)) => (store, Some(tempfile::tempdir().expect("temp dir"))),
+            (None, None) => {
                 let dir = tempfile::tempdir().expect("temp dir");
-                let db = dir.path().join("jobs.db");
-                (Some(dir), db)
+                let store = match store_kind() {
+                    StoreKind::Sqlite => StoreAt::Sqlite(dir.path().join("jobs.db")),
+                    StoreKind::Postgres => StoreAt::Postgres(Arc::new(TestDatabase::create())),
+                };
+                (store, Some(dir))
             }
         };
-        let stderr_path = db.with_extension(format!("stderr.{}", std::process::id()));
+        let (home, stderr_path) = match &store {
+            StoreAt::Sqlite(db) => (
+                db.parent().expect("the db's directory").to_path_buf(),
+                db.with_extension(format!("stderr.{}", std::process::id())),
+            ),
+            StoreAt::Postgres(_) => {
+                let home = dir.as_ref().expect("a temp dir").path().to_path_buf();
+                let stderr_path = home.join("stderr");
+                (home, stderr_path)
+            }
+        };
         let mut server = Server {
             child: None,
             url: String::new(),
             bedrock: String::new(),
             metrics: String::new(),
-            db,
+            store,
+            db_url: self.db_url,
+            home,
             dir,
             args: self.args,
             env: self.env,
@@ -181,17 +258,28 @@ impl Server {
     }
 
     fn spawn(&mut self) {
-        write_token_file(self.db.parent().expect("the db's directory"));
+        let token_file = write_token_file(&self.home);
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.stderr_path)
             .expect("stderr file");
         let mut command = Command::new(bin());
+        command.arg("server").arg("--db");
+        match &self.store {
+            // The token file is found beside it.
+            StoreAt::Sqlite(db) => {
+                command.arg(db);
+            }
+            // A URL has no "beside".
+            StoreAt::Postgres(database) => {
+                command.arg(self.db_url.as_deref().unwrap_or(database.url()));
+                if !self.args.iter().any(|a| a == "--token-file") {
+                    command.arg("--token-file").arg(&token_file);
+                }
+            }
+        }
         command
-            .arg("server")
-            .arg("--db")
-            .arg(&self.db)
             .arg("--http")
             .arg(self.http_addr())
             .arg("--bedrock")
@@ -231,6 +319,77 @@ impl Server {
         self.child = Some(child);
     }
 
+    /// The SQLite file. Panics with `JOBMGR_TEST_STORE=postgres`: a test
+    /// that opens the file skips there ([`skip_on_postgres`]), or uses
+    /// [`Server::store_execute`] and [`Server::store_query_i64`].
+    #[track_caller]
+    pub fn db(&self) -> &Path {
+        match &self.store {
+            StoreAt::Sqlite(db) => db,
+            StoreAt::Postgres(database) => panic!(
+                "this test uses the server's SQLite file, but the server's store is the \
+                 PostgreSQL database {}: skip the test on PostgreSQL (common::skip_on_postgres) \
+                 or go through Server::store_execute / store_query_i64",
+                database.url()
+            ),
+        }
+    }
+
+    /// The `--db` the server was started with: its SQLite file, or its
+    /// database's URL.
+    pub fn db_arg(&self) -> String {
+        match &self.store {
+            StoreAt::Sqlite(db) => db.display().to_string(),
+            StoreAt::Postgres(database) => self
+                .db_url
+                .clone()
+                .unwrap_or_else(|| database.url().to_string()),
+        }
+    }
+
+    /// Whether this server's store is a PostgreSQL database.
+    pub fn on_postgres(&self) -> bool {
+        matches!(self.store, StoreAt::Postgres(_))
+    }
+
+    /// Runs `sql` (one statement, no parameters, in the SQL both stores
+    /// read) on the server's store behind its back; returns the rows it
+    /// changed. For a store the server is not writing: kill it first.
+    pub fn store_execute(&self, sql: &str) -> u64 {
+        match &self.store {
+            StoreAt::Sqlite(db) => rusqlite::Connection::open(db)
+                .expect("open the store")
+                .execute(sql, [])
+                .unwrap_or_else(|e| panic!("{sql}: {e}")) as u64,
+            StoreAt::Postgres(database) => database
+                .connect()
+                .execute(sql, &[])
+                .unwrap_or_else(|e| panic!("{sql}: {e}")),
+        }
+    }
+
+    /// The first column of every row `sql` (one query, no parameters)
+    /// selects from the server's store, as integers.
+    pub fn store_query_i64(&self, sql: &str) -> Vec<i64> {
+        match &self.store {
+            StoreAt::Sqlite(db) => {
+                let db = rusqlite::Connection::open(db).expect("open the store");
+                let mut query = db.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+                query
+                    .query_map([], |row| row.get(0))
+                    .and_then(|rows| rows.collect::<Result<_, _>>())
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            }
+            StoreAt::Postgres(database) => database
+                .connect()
+                .query(sql, &[])
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .iter()
+                .map(|row| row.get(0))
+                .collect(),
+        }
+    }
+
     /// The server's stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
@@ -266,16 +425,16 @@ impl Server {
         })
     }
 
-    /// Kills the server and starts it again on the same SQLite file. The
-    /// port changes; `url` is updated.
+    /// Kills the server and starts it again on the same store (SQLite file
+    /// or PostgreSQL database). The port changes; `url` is updated.
     pub fn restart(&mut self) {
         self.kill9();
         self.url.clear();
         self.spawn();
     }
 
-    /// Starts a killed server again on the same SQLite file and the same
-    /// HTTP port, so that clients holding its URL reach it again.
+    /// Starts a killed server again on the same store and the same HTTP
+    /// port, so that clients holding its URL reach it again.
     pub fn start_again_on_the_same_port(&mut self) {
         assert!(self.child.is_none(), "kill the server first");
         self.spawn();
@@ -303,9 +462,10 @@ impl Server {
             .to_string()
     }
 
-    /// The server's token file (beside its SQLite file).
+    /// The server's token file (beside its SQLite file; with PostgreSQL, in
+    /// its temporary directory).
     pub fn token_file(&self) -> PathBuf {
-        self.db.with_file_name("token")
+        self.home.join("token")
     }
 }
 
@@ -313,6 +473,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
         let _ = std::fs::remove_file(&self.stderr_path);
+        // Then `store`: the last server on a PostgreSQL database drops it.
     }
 }
 

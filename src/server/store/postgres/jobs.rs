@@ -1,0 +1,456 @@
+//! The jobs' rows in PostgreSQL: [`StoreTx`] for [`PgTx`]. In a write
+//! transaction every row an operation may change is locked as it is read:
+//! a claim skips rows another server holds (`FOR UPDATE SKIP LOCKED`), a
+//! read of one job waits for them (`FOR UPDATE`), and a child's parent is
+//! locked before the child, so that two servers finishing siblings take
+//! turns instead of deadlocking.
+
+use postgres::Row;
+
+use super::glob::{Params, name_condition};
+use super::{PgTx, corrupt, notify};
+use crate::protocol::{
+    Data, Job, JobError, JobId, JobState, Lease, NamePattern, Priority, Timestamp,
+};
+use crate::server::store::{ListQuery, Page, ReadyJob, StoreTx};
+
+/// The columns of a job, in the order [`read_job`] reads them.
+const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, last_run, repeat, \
+     retry_after, parent_id, scheduled_run, lease_token, lease_expires, lease_term_ms, attempts, lapses";
+
+const READY: &str = "state IN ('QUEUED', 'RUNQUEUED')";
+
+fn read_job(row: &Row) -> Result<Job, JobError> {
+    let get_err = |e: postgres::Error| corrupt("job", e);
+    let state: String = row.try_get(2).map_err(get_err)?;
+    let state = state.parse::<JobState>().map_err(|e| corrupt("state", e))?;
+    let data: String = row.try_get(3).map_err(get_err)?;
+    let data: Data = serde_json::from_str(&data).map_err(|e| corrupt("data", e))?;
+    let priority =
+        Priority::new(row.try_get(4).map_err(get_err)?).map_err(|e| corrupt("priority", e))?;
+    let token: Option<String> = row.try_get(12).map_err(get_err)?;
+    let lease = match token {
+        Some(token) => Some(Lease {
+            token,
+            expires: row
+                .try_get::<_, Option<i64>>(13)
+                .map_err(get_err)?
+                .map(Timestamp),
+            term_ms: row.try_get(14).map_err(get_err)?,
+        }),
+        None => None,
+    };
+    Ok(Job {
+        id: row.try_get(0).map_err(get_err)?,
+        name: row.try_get(1).map_err(get_err)?,
+        state,
+        data,
+        priority,
+        created: Timestamp(row.try_get(5).map_err(get_err)?),
+        next_run: Timestamp(row.try_get(6).map_err(get_err)?),
+        last_run: row
+            .try_get::<_, Option<i64>>(7)
+            .map_err(get_err)?
+            .map(Timestamp),
+        repeat: row.try_get(8).map_err(get_err)?,
+        retry_after: row.try_get(9).map_err(get_err)?,
+        parent_id: row.try_get(10).map_err(get_err)?,
+        scheduled_run: row
+            .try_get::<_, Option<i64>>(11)
+            .map_err(get_err)?
+            .map(Timestamp),
+        lease,
+        attempts: row.try_get(15).map_err(get_err)?,
+        lapses: row.try_get(16).map_err(get_err)?,
+    })
+}
+
+fn read_jobs(rows: Vec<Row>) -> Result<Vec<Job>, JobError> {
+    rows.iter().map(read_job).collect()
+}
+
+fn data_text(job: &Job) -> Result<String, JobError> {
+    serde_json::to_string(&job.data).map_err(|e| JobError::Store(e.to_string()))
+}
+
+impl PgTx<'_> {
+    /// Locks the parent of job `id`, if it is a child (see the module's
+    /// doc). A job's parent never changes, so reading it unlocked is safe.
+    fn lock_parent_of(&mut self, id: JobId) -> Result<(), JobError> {
+        let parent = self.query_opt("SELECT parent_id FROM jobs WHERE job_id = $1", &[&id])?;
+        let parent: i64 = match parent {
+            Some(row) => row.try_get(0).map_err(|e| corrupt("parent", e))?,
+            None => return Ok(()),
+        };
+        if parent != 0 {
+            self.query(
+                "SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE",
+                &[&parent],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl StoreTx for PgTx<'_> {
+    fn insert(&mut self, job: &Job) -> Result<JobId, JobError> {
+        let data = data_text(job)?;
+        let lease = job.lease.as_ref();
+        let row = self.query_opt(
+            "INSERT INTO jobs (name, state, data, priority, created, next_run, last_run, repeat, \
+             retry_after, parent_id, scheduled_run, lease_token, lease_expires, lease_term_ms, \
+             attempts, lapses) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             RETURNING job_id",
+            &[
+                &job.name,
+                &job.state.as_str(),
+                &data,
+                &job.priority.value(),
+                &job.created.0,
+                &job.next_run.0,
+                &job.last_run.map(|t| t.0),
+                &job.repeat,
+                &job.retry_after,
+                &job.parent_id,
+                &job.scheduled_run.map(|t| t.0),
+                &lease.map(|l| l.token.as_str()),
+                &lease.and_then(|l| l.expires).map(|t| t.0),
+                &lease.and_then(|l| l.term_ms),
+                &job.attempts,
+                &job.lapses,
+            ],
+        )?;
+        row.ok_or_else(|| JobError::Store("the insert returned no id".into()))?
+            .try_get(0)
+            .map_err(|e| corrupt("job id", e))
+    }
+
+    fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
+        if self.locking {
+            self.lock_parent_of(id)?;
+        }
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE job_id = $1{}",
+            self.lock_clause()
+        );
+        self.query_opt(&sql, &[&id])?
+            .as_ref()
+            .map(read_job)
+            .transpose()
+    }
+
+    fn update(&mut self, job: &Job) -> Result<(), JobError> {
+        let data = data_text(job)?;
+        let lease = job.lease.as_ref();
+        self.execute(
+            "UPDATE jobs SET name = $2, state = $3, data = $4, priority = $5, created = $6, \
+             next_run = $7, last_run = $8, repeat = $9, retry_after = $10, parent_id = $11, \
+             scheduled_run = $12, lease_token = $13, lease_expires = $14, lease_term_ms = $15, \
+             attempts = $16, lapses = $17 WHERE job_id = $1",
+            &[
+                &job.id,
+                &job.name,
+                &job.state.as_str(),
+                &data,
+                &job.priority.value(),
+                &job.created.0,
+                &job.next_run.0,
+                &job.last_run.map(|t| t.0),
+                &job.repeat,
+                &job.retry_after,
+                &job.parent_id,
+                &job.scheduled_run.map(|t| t.0),
+                &lease.map(|l| l.token.as_str()),
+                &lease.and_then(|l| l.expires).map(|t| t.0),
+                &lease.and_then(|l| l.term_ms),
+                &job.attempts,
+                &job.lapses,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn delete(&mut self, id: JobId) -> Result<(), JobError> {
+        self.execute("DELETE FROM jobs WHERE job_id = $1", &[&id])?;
+        self.execute("DELETE FROM jobs_before_handout WHERE job_id = $1", &[&id])?;
+        Ok(())
+    }
+
+    fn keep_before_handout(&mut self, id: JobId, token: &str) -> Result<(), JobError> {
+        let updates = COLUMNS
+            .split(", ")
+            .filter(|c| *c != "job_id")
+            .map(|c| format!("{c} = excluded.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "INSERT INTO jobs_before_handout (handout_token, {COLUMNS}) \
+             SELECT $2, {COLUMNS} FROM jobs WHERE job_id = $1 \
+             ON CONFLICT (job_id) DO UPDATE SET handout_token = excluded.handout_token, {updates}"
+        );
+        self.execute(&sql, &[&id, &token])?;
+        Ok(())
+    }
+
+    fn take_before_handout(&mut self, id: JobId, token: &str) -> Result<Option<Job>, JobError> {
+        let sql = format!(
+            "DELETE FROM jobs_before_handout WHERE job_id = $1 AND handout_token = $2 \
+             RETURNING {COLUMNS}"
+        );
+        self.query_opt(&sql, &[&id, &token])?
+            .as_ref()
+            .map(read_job)
+            .transpose()
+    }
+
+    fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError> {
+        if self.locking {
+            // Two servers creating the same unique job take turns: the
+            // second finds the first's job instead of making another.
+            self.query(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 1))",
+                &[&name],
+            )?;
+        }
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE name = $1 ORDER BY job_id LIMIT 1{}",
+            self.lock_clause()
+        );
+        self.query_opt(&sql, &[&name])?
+            .as_ref()
+            .map(read_job)
+            .transpose()
+    }
+
+    fn ready(
+        &mut self,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobError> {
+        // One query per priority, each an index range on (priority,
+        // next_run), so that jobs scheduled for later are never stepped
+        // over; rows another server is claiming are skipped.
+        let mut params = Params::default();
+        let priority_mark = params.push(0i64);
+        let now_mark = params.push(now.0);
+        let limit_mark = params.push(0i64);
+        let name = name_condition(pattern, &mut params);
+        let lock = if self.locking {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE {READY} AND priority = {priority_mark} \
+             AND next_run <= {now_mark} AND {name} ORDER BY next_run, job_id LIMIT {limit_mark}{lock}"
+        );
+        let priorities: Vec<i64> = match priority {
+            Some(p) => vec![p.value()],
+            None => Priority::ALL.to_vec(),
+        };
+        let mut found = Vec::new();
+        for p in priorities {
+            let wanted = (limit - found.len()) as i64;
+            if wanted == 0 {
+                break;
+            }
+            let mut refs = params.refs();
+            refs[0] = &p;
+            refs[2] = &wanted;
+            found.extend(read_jobs(self.query(&sql, &refs)?)?);
+        }
+        Ok(found)
+    }
+
+    fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE parent_id != 0 AND parent_id = $1 ORDER BY job_id{}",
+            self.lock_clause()
+        );
+        read_jobs(self.query(&sql, &[&parent])?)
+    }
+
+    fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError> {
+        let lock = if self.locking {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NOT NULL \
+             AND lease_expires <= $1 ORDER BY lease_expires LIMIT $2{lock}"
+        );
+        read_jobs(self.query(&sql, &[&now.0, &(limit as i64)])?)
+    }
+
+    fn unleased_running(
+        &mut self,
+        handed_out_by: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Job>, JobError> {
+        let lock = if self.locking {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NULL \
+             AND last_run IS NOT NULL AND last_run <= $1 ORDER BY last_run LIMIT $2{lock}"
+        );
+        read_jobs(self.query(&sql, &[&handed_out_by.0, &(limit as i64)])?)
+    }
+
+    fn due_between(
+        &mut self,
+        after: Timestamp,
+        upto: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError> {
+        let rows = self.query(
+            "SELECT job_id, name, priority FROM jobs WHERE state IN ('QUEUED', 'RUNQUEUED') \
+             AND next_run > $1 AND next_run <= $2 ORDER BY next_run LIMIT $3",
+            &[&after.0, &upto.0, &(limit as i64)],
+        )?;
+        rows.iter()
+            .map(|row| {
+                let get_err = |e: postgres::Error| corrupt("job", e);
+                let priority = Priority::new(row.try_get(2).map_err(get_err)?)
+                    .map_err(|e| corrupt("priority", e))?;
+                Ok((
+                    row.try_get(0).map_err(get_err)?,
+                    row.try_get(1).map_err(get_err)?,
+                    priority,
+                ))
+            })
+            .collect()
+    }
+
+    fn next_wakeup(&mut self, now: Timestamp) -> Result<Option<Timestamp>, JobError> {
+        let row = self.query_opt(
+            "SELECT LEAST( \
+               (SELECT MIN(next_run) FROM jobs WHERE state IN ('QUEUED', 'RUNQUEUED') AND next_run > $1), \
+               (SELECT MIN(lease_expires) FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NOT NULL))",
+            &[&now.0],
+        )?;
+        let next: Option<i64> = match row {
+            Some(row) => row.try_get(0).map_err(|e| corrupt("time", e))?,
+            None => None,
+        };
+        Ok(next.map(Timestamp))
+    }
+
+    fn list(&mut self, query: &ListQuery) -> Result<Page, JobError> {
+        let mut params = Params::default();
+        let after = params.push(query.after_id.unwrap_or(0));
+        let limit = params.push(query.limit.max(1) as i64);
+        let mut filter = String::new();
+        if let Some(pattern) = &query.pattern {
+            filter.push_str(&name_condition(pattern, &mut params));
+            filter.push_str(" AND ");
+        }
+        if let Some(state) = query.state {
+            let mark = params.push(state.as_str().to_string());
+            filter.push_str(&format!("state = {mark} AND "));
+        }
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE {filter}job_id > {after} ORDER BY job_id LIMIT {limit}"
+        );
+        let rows = self.query(&sql, &params.refs())?;
+        let mut page = Page::default();
+        let mut bytes = 0usize;
+        for row in &rows {
+            let job = read_job(row)?;
+            bytes += job.name.len() + serde_json::to_string(&job.data).map_or(0, |d| d.len());
+            if query.max_bytes > 0 && bytes > query.max_bytes && !page.jobs.is_empty() {
+                page.cut = true;
+                break;
+            }
+            page.jobs.push(job);
+        }
+        Ok(page)
+    }
+
+    fn idempotent_answer(
+        &mut self,
+        key: &str,
+        since: Timestamp,
+    ) -> Result<Option<(String, Vec<JobId>)>, JobError> {
+        if self.locking {
+            // Two servers given one key take turns: the second finds the
+            // first's answer.
+            self.query(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 2))",
+                &[&key],
+            )?;
+        }
+        let row = self.query_opt(
+            "SELECT fingerprint, job_ids FROM idempotency_keys WHERE key = $1 AND created >= $2",
+            &[&key, &since.0],
+        )?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let fingerprint: String = row.try_get(0).map_err(|e| corrupt("key", e))?;
+        let ids: String = row.try_get(1).map_err(|e| corrupt("key", e))?;
+        let ids: Vec<JobId> = serde_json::from_str(&ids).map_err(|e| corrupt("key", e))?;
+        Ok(Some((fingerprint, ids)))
+    }
+
+    fn remember_answer(
+        &mut self,
+        key: &str,
+        fingerprint: &str,
+        ids: &[JobId],
+        now: Timestamp,
+        expired_before: Timestamp,
+    ) -> Result<(), JobError> {
+        let ids = serde_json::to_string(ids).map_err(|e| JobError::Store(e.to_string()))?;
+        self.execute(
+            "INSERT INTO idempotency_keys (key, fingerprint, job_ids, created) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO UPDATE SET \
+             fingerprint = excluded.fingerprint, job_ids = excluded.job_ids, created = excluded.created",
+            &[&key, &fingerprint, &ids, &now.0],
+        )?;
+        self.execute(
+            "DELETE FROM idempotency_keys WHERE key IN (SELECT key FROM idempotency_keys \
+             WHERE created < $1 ORDER BY created LIMIT 100)",
+            &[&expired_before.0],
+        )?;
+        Ok(())
+    }
+
+    fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError> {
+        let rows = self.query(
+            "SELECT name, state, COUNT(*) FROM jobs GROUP BY name, state",
+            &[],
+        )?;
+        rows.iter()
+            .map(|row| {
+                let get_err = |e: postgres::Error| corrupt("count", e);
+                let state: String = row.try_get(1).map_err(get_err)?;
+                let state = state.parse::<JobState>().map_err(|e| corrupt("state", e))?;
+                let count: i64 = row.try_get(2).map_err(get_err)?;
+                Ok((row.try_get(0).map_err(get_err)?, state, count.max(0) as u64))
+            })
+            .collect()
+    }
+
+    fn ledger(&mut self) -> &mut dyn crate::server::store::LedgerTx {
+        self
+    }
+
+    fn announce(
+        &mut self,
+        ready: &[ReadyJob],
+        lease_expiry: Option<Timestamp>,
+    ) -> Result<(), JobError> {
+        if ready.is_empty() && lease_expiry.is_none() {
+            return Ok(());
+        }
+        let payload = notify::encode(self.origin, ready, lease_expiry);
+        self.query("SELECT pg_notify($1, $2)", &[&notify::CHANNEL, &payload])?;
+        Ok(())
+    }
+}

@@ -1,0 +1,464 @@
+//! The PostgreSQL store, for several servers on one database: one writer
+//! connection per server that commits operations in groups (each in its own
+//! savepoint), a small pool of read-only connections, row locks so that
+//! servers skip each other's claims, commits announced to the other servers
+//! with `NOTIFY`, and the database's clock as the one clock.
+
+mod clock;
+mod connect;
+mod glob;
+mod jobs;
+mod ledger;
+mod notify;
+mod schema;
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use postgres::types::ToSql;
+use postgres::{Client, Row, Statement};
+
+use super::sqlite::FailingTx;
+use super::write_health::WriteHealth;
+use super::{ReadOp, Reply, Store, WriteOp};
+use crate::protocol::JobError;
+
+pub use clock::DatabaseClock;
+pub use connect::{PgOpenError, redacted};
+pub use notify::Announcements;
+
+/// The most write operations committed together. Smaller than SQLite's:
+/// a group holds its row locks until it commits, and other servers wait on
+/// them.
+const MAX_GROUP: usize = 64;
+
+/// The most read-only connections kept open.
+const MAX_READERS: u32 = 4;
+
+/// Jobs in a PostgreSQL database, shared with other servers.
+pub struct PgStore {
+    url: String,
+    writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    readers: r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>,
+    health: WriteHealth,
+    clock: Arc<DatabaseClock>,
+    announcements: Announcements,
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (retrying with backoff while it
+    /// cannot be reached, until `give_up_after` if given or until
+    /// `cancelled` is set), creates or migrates its schema, and starts the
+    /// writer and the listener for other servers' commits.
+    pub fn open(
+        url: &str,
+        give_up_after: Option<Duration>,
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> Result<Self, PgOpenError> {
+        let config = connect::parse(url)?;
+        let mut client = connect::with_backoff(&config, give_up_after, cancelled)?;
+        schema::migrate(&mut client).map_err(|e| PgOpenError::from_postgres(&config, e))?;
+        let clock = Arc::new(
+            DatabaseClock::measure(&mut client)
+                .map_err(|e| PgOpenError::from_postgres(&config, e))?,
+        );
+        let manager =
+            r2d2_postgres::PostgresConnectionManager::new(config.clone(), postgres::NoTls);
+        let readers = r2d2::Pool::builder()
+            .max_size(MAX_READERS)
+            .min_idle(Some(0))
+            .connection_timeout(Duration::from_secs(5))
+            .build_unchecked(manager);
+        let announcements = Announcements::listen(config.clone(), Arc::clone(&clock));
+        let (sender, receiver) = mpsc::channel::<WriteOp>();
+        let health = WriteHealth::default();
+        let writer_health = health.clone();
+        let writer_clock = Arc::clone(&clock);
+        let origin = announcements.origin();
+        let thread = std::thread::Builder::new()
+            .name("jobmgr-pg-store".into())
+            .spawn(move || {
+                let writer = Writer {
+                    config,
+                    conn: Some(Conn::new(client)),
+                    health: writer_health,
+                    clock: writer_clock,
+                    origin,
+                };
+                writer.run(receiver)
+            })
+            .map_err(PgOpenError::Thread)?;
+        Ok(PgStore {
+            url: redacted(url),
+            writer: Mutex::new(Some(sender)),
+            writer_thread: Mutex::new(Some(thread)),
+            readers,
+            health,
+            clock,
+            announcements,
+        })
+    }
+
+    /// The database's address, without its password.
+    pub fn describe(&self) -> &str {
+        &self.url
+    }
+
+    /// The database's clock, as this server reads it.
+    pub fn clock(&self) -> Arc<DatabaseClock> {
+        Arc::clone(&self.clock)
+    }
+
+    /// Stops taking writes, lets the writer finish what it has, and waits
+    /// for it; stops listening. Later writes answer `ShuttingDown`.
+    pub fn close(&self) {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = self
+            .writer_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = thread.join();
+        }
+        self.announcements.stop();
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Store for PgStore {
+    fn write_failure(&self) -> Option<String> {
+        self.health.failure()
+    }
+
+    fn submit(&self, op: WriteOp) {
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        match writer.as_ref() {
+            Some(sender) => {
+                if let Err(mpsc::SendError(op)) = sender.send(op) {
+                    refuse(op, JobError::ShuttingDown);
+                }
+            }
+            None => refuse(op, JobError::ShuttingDown),
+        }
+    }
+
+    fn submit_read(&self, op: ReadOp) {
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut client = match readers.get() {
+                Ok(client) => client,
+                Err(error) => {
+                    op(&mut FailingTx(unavailable(&error.to_string())));
+                    return;
+                }
+            };
+            if let Err(error) =
+                client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            {
+                op(&mut FailingTx(pg_error(&error)));
+                return;
+            }
+            let mut cache = HashMap::new();
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                op(&mut PgTx {
+                    client: &mut client,
+                    cache: &mut cache,
+                    locking: false,
+                    origin: 0,
+                })
+            }));
+            let _ = client.batch_execute("COMMIT");
+            if outcome.is_err() {
+                tracing::error!("a read operation panicked");
+            }
+        });
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<super::Announcement>> {
+        self.announcements.take_receiver()
+    }
+}
+
+/// Answers an operation that cannot run.
+fn refuse(op: WriteOp, error: JobError) {
+    let (_, reply) = op(&mut FailingTx(error.clone()));
+    reply(Some(error));
+}
+
+/// The error for a database that cannot be reached.
+pub(super) fn unavailable(why: &str) -> JobError {
+    JobError::StoreUnavailable(why.to_string())
+}
+
+/// A PostgreSQL error as a store error: a lost or refused connection is
+/// "unavailable" (503: retry, or go to another server); anything else
+/// failed the operation (502).
+pub(super) fn pg_error(error: &postgres::Error) -> JobError {
+    if error.is_closed() || error.as_db_error().is_none() {
+        unavailable(&error.to_string())
+    } else {
+        let text = error
+            .as_db_error()
+            .map_or_else(|| error.to_string(), |db| db.message().to_string());
+        JobError::Store(text)
+    }
+}
+
+/// A connection with the statements it has prepared.
+pub(super) struct Conn {
+    client: Client,
+    cache: HashMap<String, Statement>,
+}
+
+impl Conn {
+    fn new(client: Client) -> Self {
+        Conn {
+            client,
+            cache: HashMap::new(),
+        }
+    }
+}
+
+/// One transaction on a PostgreSQL connection. In a write transaction
+/// (`locking`), reads of rows the operation may change lock them, so that
+/// servers sharing the database take turns on each job and skip each
+/// other's claims.
+pub(super) struct PgTx<'c> {
+    pub(super) client: &'c mut Client,
+    pub(super) cache: &'c mut HashMap<String, Statement>,
+    pub(super) locking: bool,
+    /// This server's id in announcements to the others.
+    pub(super) origin: u64,
+}
+
+impl PgTx<'_> {
+    /// The statement for `sql`, prepared once per connection.
+    fn statement(&mut self, sql: &str) -> Result<Statement, JobError> {
+        if let Some(statement) = self.cache.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql).map_err(|e| pg_error(&e))?;
+        self.cache.insert(sql.to_string(), statement.clone());
+        Ok(statement)
+    }
+
+    /// Runs a query, returning its rows.
+    pub(super) fn query(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, JobError> {
+        let statement = self.statement(sql)?;
+        self.client
+            .query(&statement, params)
+            .map_err(|e| pg_error(&e))
+    }
+
+    /// Runs a query that returns at most one row.
+    pub(super) fn query_opt(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, JobError> {
+        let statement = self.statement(sql)?;
+        self.client
+            .query_opt(&statement, params)
+            .map_err(|e| pg_error(&e))
+    }
+
+    /// Runs a statement, returning how many rows it changed.
+    pub(super) fn execute(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, JobError> {
+        let statement = self.statement(sql)?;
+        self.client
+            .execute(&statement, params)
+            .map_err(|e| pg_error(&e))
+    }
+
+    /// `FOR UPDATE` in a write transaction, nothing in a read.
+    pub(super) fn lock_clause(&self) -> &'static str {
+        if self.locking { " FOR UPDATE" } else { "" }
+    }
+}
+
+/// A value read from a row that does not hold what the store wrote.
+pub(super) fn corrupt(what: &str, error: impl std::fmt::Display) -> JobError {
+    JobError::Store(format!("a stored {what} cannot be read: {error}"))
+}
+
+/// The writer thread's state: its connection (reopened when lost).
+struct Writer {
+    config: postgres::Config,
+    conn: Option<Conn>,
+    health: WriteHealth,
+    clock: Arc<DatabaseClock>,
+    origin: u64,
+}
+
+impl Writer {
+    /// Takes every queued operation (up to [`MAX_GROUP`]), runs each in a
+    /// savepoint of one transaction, commits once, then answers them all.
+    fn run(mut self, receiver: mpsc::Receiver<WriteOp>) {
+        while let Ok(first) = receiver.recv() {
+            let mut group: VecDeque<WriteOp> = VecDeque::from([first]);
+            while group.len() < MAX_GROUP {
+                match receiver.try_recv() {
+                    Ok(op) => group.push_back(op),
+                    Err(_) => break,
+                }
+            }
+            self.run_group(group);
+        }
+        tracing::debug!("job store writer stopped");
+    }
+
+    /// The connection, reconnecting once if it was lost; `None` (with the
+    /// reason) while the database cannot be reached.
+    fn connection(&mut self) -> Result<&mut Conn, JobError> {
+        if self.conn.as_ref().is_some_and(|c| c.client.is_closed()) {
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            match self.config.connect(postgres::NoTls) {
+                Ok(mut client) => {
+                    if let Err(error) = self.clock.remeasure(&mut client) {
+                        tracing::warn!(%error, "could not read the database's clock");
+                    }
+                    tracing::info!("job store: connected to the database again");
+                    self.conn = Some(Conn::new(client));
+                }
+                Err(error) => return Err(unavailable(&connect::reason(&error))),
+            }
+        }
+        self.conn
+            .as_mut()
+            .ok_or_else(|| unavailable("no connection"))
+    }
+
+    fn run_group(&mut self, mut waiting: VecDeque<WriteOp>) {
+        self.clock
+            .refresh_if_due(self.conn.as_mut().map(|c| &mut c.client));
+        let origin = self.origin;
+        let conn = match self.connection() {
+            Ok(conn) => conn,
+            Err(error) => {
+                self.health.failed(error.to_string());
+                for op in waiting.drain(..) {
+                    refuse(op, error.clone());
+                }
+                return;
+            }
+        };
+        match run_transaction(conn, &mut waiting, origin) {
+            Ok(true) => self.health.committed(),
+            Ok(false) => {}
+            Err(reason) => {
+                self.health.failed(reason);
+                if self.conn.as_ref().is_some_and(|c| c.client.is_closed()) {
+                    self.conn = None;
+                }
+            }
+        }
+    }
+}
+
+/// Runs the operations in one transaction and answers them after the
+/// commit. Returns whether a change was committed, or why it failed.
+fn run_transaction(
+    conn: &mut Conn,
+    waiting: &mut VecDeque<WriteOp>,
+    origin: u64,
+) -> Result<bool, String> {
+    if let Err(error) = conn.client.batch_execute("BEGIN") {
+        let error = pg_error(&error);
+        for op in waiting.drain(..) {
+            refuse(op, error.clone());
+        }
+        return Err(error.to_string());
+    }
+    let mut kept_any = false;
+    // A savepoint that could not be ended leaves the transaction aborted,
+    // and PostgreSQL then answers COMMIT by rolling back without an error.
+    let mut broken: Option<JobError> = None;
+    let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
+    while let Some(op) = waiting.pop_front() {
+        if let Err(error) = conn.client.batch_execute("SAVEPOINT op") {
+            // The connection is gone or the transaction broken: answer this
+            // and every later operation with the error.
+            let error = pg_error(&error);
+            refuse(op, error.clone());
+            for op in waiting.drain(..) {
+                refuse(op, error.clone());
+            }
+            broken.get_or_insert(error);
+            break;
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            op(&mut PgTx {
+                client: &mut conn.client,
+                cache: &mut conn.cache,
+                locking: true,
+                origin,
+            })
+        }));
+        let keep = matches!(outcome, Ok((true, _)));
+        kept_any |= keep;
+        let ended = if keep {
+            conn.client.batch_execute("RELEASE op")
+        } else {
+            conn.client.batch_execute("ROLLBACK TO op; RELEASE op")
+        };
+        if let Err(error) = &ended {
+            tracing::error!(%error, "could not end a savepoint");
+            broken.get_or_insert_with(|| pg_error(error));
+        }
+        match outcome {
+            Ok((_, reply)) => replies.push(reply),
+            Err(_) => tracing::error!("a write operation panicked; its changes were rolled back"),
+        }
+    }
+    if let Some(error) = broken {
+        let _ = conn.client.batch_execute("ROLLBACK");
+        tracing::error!(%error, "a write group was rolled back; its operations are answered with the error");
+        replies
+            .into_iter()
+            .for_each(|reply| reply(Some(error.clone())));
+        return Err(error.to_string());
+    }
+    let committing = std::time::Instant::now();
+    let committed = conn.client.batch_execute("COMMIT");
+    crate::metrics::commit(committing.elapsed().as_secs_f64());
+    match committed {
+        Ok(()) => {
+            replies.into_iter().for_each(|reply| reply(None));
+            Ok(kept_any)
+        }
+        Err(error) => {
+            let _ = conn.client.batch_execute("ROLLBACK");
+            let error = pg_error(&error);
+            tracing::error!(%error, "commit failed; the group's changes were rolled back");
+            replies
+                .into_iter()
+                .for_each(|reply| reply(Some(error.clone())));
+            Err(error.to_string())
+        }
+    }
+}

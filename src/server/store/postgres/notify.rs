@@ -1,0 +1,296 @@
+//! Commits announced between servers on one database: a write that makes
+//! jobs ready or sets a lease sends `NOTIFY jobmgr` in its own transaction
+//! (so it is delivered only if it commits), and each server listens on a
+//! connection of its own and hands what others announced to its queue. When
+//! that connection is lost, announcements may have been missed: once it is
+//! back, the queue is told to look at everything again, so a lost
+//! notification costs the time to reconnect, never a stranded job.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use postgres::fallible_iterator::FallibleIterator;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::clock::DatabaseClock;
+use crate::protocol::{Priority, Timestamp};
+use crate::server::store::{Announcement, ReadyJob};
+
+/// The channel every server listens on.
+pub(super) const CHANNEL: &str = "jobmgr";
+
+/// PostgreSQL refuses payloads of 8000 bytes or more; past this, the
+/// announcement says only "look at everything due from this moment".
+const MAX_PAYLOAD: usize = 7_000;
+
+/// How often the listening connection is checked when quiet.
+const CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// An announcement as sent: the sending server, the jobs it made ready
+/// (`[id, name, priority, nextRun]`), the earliest lease it set, or, when
+/// that would not fit, `all` with the earliest `nextRun`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Payload {
+    o: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    r: Vec<(i64, String, i64, i64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    l: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    all: Option<i64>,
+}
+
+/// The text of an announcement from server `origin`.
+pub(super) fn encode(origin: u64, ready: &[ReadyJob], lease_expiry: Option<Timestamp>) -> String {
+    let payload = Payload {
+        o: origin,
+        r: ready
+            .iter()
+            .map(|j| (j.id, j.name.clone(), j.priority.value(), j.next_run.0))
+            .collect(),
+        l: lease_expiry.map(|t| t.0),
+        all: None,
+    };
+    let text = serde_json::to_string(&payload).unwrap_or_default();
+    if text.len() <= MAX_PAYLOAD {
+        return text;
+    }
+    let earliest = ready
+        .iter()
+        .map(|j| j.next_run.0)
+        .chain(lease_expiry.map(|t| t.0))
+        .min();
+    serde_json::to_string(&Payload {
+        o: origin,
+        r: Vec::new(),
+        l: None,
+        all: Some(earliest.unwrap_or(0)),
+    })
+    .unwrap_or_default()
+}
+
+/// What an announcement from another server means; `None` for this
+/// server's own. A payload that cannot be read counts as "look at
+/// everything".
+fn decode(origin: u64, text: &str) -> Option<Announcement> {
+    let Ok(payload) = serde_json::from_str::<Payload>(text) else {
+        return Some(Announcement::Missed);
+    };
+    if payload.o == origin {
+        return None;
+    }
+    if payload.all.is_some() {
+        return Some(Announcement::Missed);
+    }
+    let mut ready = Vec::with_capacity(payload.r.len());
+    for (id, name, priority, next_run) in payload.r {
+        let Ok(priority) = Priority::new(priority) else {
+            return Some(Announcement::Missed);
+        };
+        ready.push(ReadyJob {
+            id,
+            name,
+            priority,
+            next_run: Timestamp(next_run),
+        });
+    }
+    Some(Announcement::Changes {
+        ready,
+        lease_expiry: payload.l.map(Timestamp),
+    })
+}
+
+/// This server's listener for other servers' announcements.
+pub struct Announcements {
+    origin: u64,
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<Announcement>>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Announcements {
+    /// Starts listening on a connection of its own.
+    pub(super) fn listen(config: postgres::Config, clock: Arc<DatabaseClock>) -> Self {
+        let origin = rand::random::<u64>();
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread_stop = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("jobmgr-pg-listen".into())
+            .spawn(move || listen_loop(&config, origin, &sender, &thread_stop, &clock))
+            .map_err(|error| tracing::error!(%error, "cannot start the listener for other servers' commits; they are seen only when the timer looks"))
+            .ok();
+        Announcements {
+            origin,
+            receiver: Mutex::new(Some(receiver)),
+            stop,
+            thread: Mutex::new(thread),
+        }
+    }
+
+    /// This server's id in announcements.
+    pub(super) fn origin(&self) -> u64 {
+        self.origin
+    }
+
+    /// The announcements of other servers; `Some` only the first time.
+    pub(super) fn take_receiver(&self) -> Option<mpsc::UnboundedReceiver<Announcement>> {
+        self.receiver
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Stops listening.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn listen_loop(
+    config: &postgres::Config,
+    origin: u64,
+    sender: &mpsc::UnboundedSender<Announcement>,
+    stop: &AtomicBool,
+    clock: &DatabaseClock,
+) {
+    let mut delay = Duration::from_millis(100);
+    let mut first = true;
+    while !stop.load(Ordering::Relaxed) {
+        let mut client = match config.connect(postgres::NoTls) {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::warn!(
+                    "cannot listen for other servers' commits: {}; retrying",
+                    super::connect::reason(&error)
+                );
+                sleep_unless_stopped(delay, stop);
+                delay = (delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        if let Err(error) = client.batch_execute(&format!("LISTEN {CHANNEL}")) {
+            tracing::warn!(%error, "cannot listen for other servers' commits; retrying");
+            sleep_unless_stopped(delay, stop);
+            continue;
+        }
+        delay = Duration::from_millis(100);
+        if !first {
+            tracing::info!("listening for other servers' commits again; looking at every job");
+            let _ = clock.remeasure(&mut client);
+            if sender.send(Announcement::Missed).is_err() {
+                return;
+            }
+        }
+        first = false;
+        if serve(&mut client, origin, sender, stop).is_err() {
+            return;
+        }
+    }
+}
+
+/// Forwards announcements until the connection fails (`Ok`) or nobody
+/// listens any more (`Err`).
+fn serve(
+    client: &mut postgres::Client,
+    origin: u64,
+    sender: &mpsc::UnboundedSender<Announcement>,
+    stop: &AtomicBool,
+) -> Result<(), ()> {
+    let mut checked = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        {
+            let mut notifications = client.notifications();
+            let mut batch = notifications.timeout_iter(Duration::from_millis(250));
+            loop {
+                match batch.next() {
+                    Ok(Some(note)) => {
+                        if let Some(announcement) = decode(origin, note.payload()) {
+                            sender.send(announcement).map_err(|_| ())?;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "lost the connection that listens for other servers' commits; reconnecting");
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        if checked.elapsed() >= CHECK_EVERY {
+            checked = Instant::now();
+            if let Err(error) = client.simple_query("SELECT 1") {
+                tracing::warn!(%error, "lost the connection that listens for other servers' commits; reconnecting");
+                return Ok(());
+            }
+        }
+        if client.is_closed() {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+fn sleep_unless_stopped(delay: Duration, stop: &AtomicBool) {
+    let until = Instant::now() + delay;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: i64, name: &str) -> ReadyJob {
+        ReadyJob {
+            id,
+            name: name.into(),
+            priority: Priority::new(500).unwrap(),
+            next_run: Timestamp(1_000 + id),
+        }
+    }
+
+    #[test]
+    fn an_announcement_reads_back_as_sent_and_its_own_is_ignored() {
+        let text = encode(7, &[job(1, "a"), job(2, "b/c")], Some(Timestamp(99)));
+        assert!(decode(7, &text).is_none());
+        match decode(8, &text) {
+            Some(Announcement::Changes {
+                ready,
+                lease_expiry,
+            }) => {
+                assert_eq!(ready.len(), 2);
+                assert_eq!(ready[1].name, "b/c");
+                assert_eq!(ready[1].next_run, Timestamp(1_002));
+                assert_eq!(lease_expiry, Some(Timestamp(99)));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn too_many_jobs_for_one_payload_say_look_at_everything() {
+        let long = "n".repeat(250);
+        let many: Vec<ReadyJob> = (0..100).map(|i| job(i, &long)).collect();
+        let text = encode(1, &many, None);
+        assert!(text.len() < 8_000, "{}", text.len());
+        assert!(matches!(decode(2, &text), Some(Announcement::Missed)));
+    }
+
+    #[test]
+    fn a_payload_that_cannot_be_read_means_look_at_everything() {
+        for text in ["", "{", "{\"o\":1,\"r\":[[1,\"a\",3,4]]}", "[]"] {
+            assert!(
+                matches!(decode(2, text), Some(Announcement::Missed)),
+                "{text}"
+            );
+        }
+    }
+}
