@@ -1,34 +1,52 @@
-//! The chaos soak: jobs go through one `jobmgr server` and two supervisors
-//! (each a real `jobmgr --server …` process with its own spool and scratch
-//! directories) while a killer sends `kill -9` to all three at random
-//! moments, a bounded number of times, and starts each again on the same
-//! SQLite file or spool. Everything is on 127.0.0.1, and only processes this
-//! test started are ever killed, by pid.
+//! The chaos soaks: jobs go through job servers and supervisors (each a real
+//! `jobmgr --server …` process with its own spool and scratch directories)
+//! while a killer sends `kill -9` to all of them at random moments, a
+//! bounded number of times, and starts each again on the same store or
+//! spool. Everything is on 127.0.0.1, and only processes this test started
+//! are ever killed, by pid. Two shapes of [`Fleet`] share the machinery:
+//!
+//! - the chaos soak: one `jobmgr server` on an SQLite file and two
+//!   supervisors;
+//! - the fleet soak: three servers on one PostgreSQL database, all serving
+//!   at once, and four supervisors, each given the three servers' URLs in
+//!   an order of its own so that they are spread over the servers (and
+//!   fail over between them). Servers are killed, and restarted on the same
+//!   database and port, with outages that may overlap but never take all
+//!   three down at once.
 //!
 //! The worker appends one line per completed run (job id, attempt, and which
 //! supervisor instance ran it) to a shared file with one short `O_APPEND`
 //! write, after sleeping a little. At the end:
 //!
-//! - every job is finished on the server (a finished job that does not
-//!   repeat is deleted, so none is left in any state), and each ran at least
-//!   once: none was lost;
+//! - every job is finished: none is left on the servers in any state (a
+//!   finished job that does not repeat is deleted), each ran at least once,
+//!   and each is in the archive as FINISHED. None was lost;
 //! - duplicate runs happen only in the documented at-least-once window, a
-//!   lapsed lease: no job ran more times than one plus the lapses the server
-//!   logged for it (a finished job's row, with its lapse count, is gone; the
-//!   server's log line for each lapse is the record that stays). They are
+//!   lapsed lease: no job ran more times than one plus the attempts its
+//!   history records as `lapsed` (the store's own record, written with the
+//!   lapse; the lapses the servers logged are counted beside it). They are
 //!   counted and reported on stdout;
 //! - no worker outlived its supervisor, and no process carrying this run's
 //!   marker (in its environment, or the worker's path in its command line)
 //!   remains;
 //! - no scratch directory remains, and the spools are empty;
-//! - the resident memory of the supervisor's last, longest-lived instance
-//!   stays flat within a generous bound.
+//! - the resident memory of the last supervisor's last, longest-lived
+//!   instance stays flat within a generous bound.
 //!
-//! The short mode runs with the other tests. The long mode:
+//! The fleet soak then measures cross-server wake-up latency (reported,
+//! never asserted): with every process up and each supervisor holding a
+//! GetJob on the server it uses, a job only one supervisor takes is created
+//! through another server, and the time from the create's acknowledgement
+//! to the job's hand-out is read ([`wake_probes`]).
+//!
+//! The short modes run with the other tests. The long modes:
 //! `cargo test --test integration chaos_soak_long -- --ignored --nocapture`
-//! (2,000 jobs; `JOBMGR_SOAK_JOBS`, `JOBMGR_SOAK_KILLS` (kills per process)
-//! and `JOBMGR_SOAK_SEED` change the size, the kills and the random choices;
-//! `JOBMGR_SOAK_KEEP=1` keeps the directory with the logs).
+//! (2,000 jobs) and
+//! `cargo test --test integration fleet_soak_long -- --ignored --nocapture`
+//! (5,000 jobs); `JOBMGR_SOAK_JOBS`, `JOBMGR_SOAK_KILLS` (kills per process),
+//! `JOBMGR_SOAK_PROBES` (rounds of wake-up probes) and `JOBMGR_SOAK_SEED`
+//! change the size, the kills and the random choices; `JOBMGR_SOAK_KEEP=1`
+//! keeps the directory with the logs.
 
 use crate::common::*;
 

@@ -71,6 +71,9 @@ pub struct Queue {
 struct Inner {
     store: Arc<dyn Store>,
     waiters: Waiters,
+    /// Held requests whose claim found nothing and that sleep until a
+    /// wake-up or their deadline.
+    asleep: std::sync::atomic::AtomicUsize,
     timer: Timer,
     config: QueueConfig,
     clock: Arc<dyn Clock>,
@@ -105,6 +108,22 @@ impl Drop for Unread {
                 self.queue.put_back(handouts);
             }
         }
+    }
+}
+
+/// Counts a held request as asleep while it lives.
+struct Asleep<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Asleep<'a> {
+    fn count(counter: &'a std::sync::atomic::AtomicUsize) -> Self {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Asleep(counter)
+    }
+}
+
+impl Drop for Asleep<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -163,6 +182,7 @@ impl Queue {
             inner: Arc::new(Inner {
                 store,
                 waiters: Waiters::default(),
+                asleep: std::sync::atomic::AtomicUsize::new(0),
                 timer: Timer::default(),
                 config,
                 clock,
@@ -200,9 +220,10 @@ impl Queue {
         self.inner.store.write_failure()
     }
 
-    /// How many GetJob requests are held.
+    /// How many GetJob requests are held: asleep after a claim that found
+    /// nothing, until a wake-up or their deadline.
     pub fn waiting(&self) -> usize {
-        self.inner.waiters.len()
+        self.inner.asleep.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Resolves once the queue has recovered from a restart (leases held
@@ -381,6 +402,7 @@ impl Queue {
             }
             // Dropping the ticket (rather than disarming it) passes on a
             // wake-up that raced with the end of the wait.
+            let _asleep = Asleep::count(&self.inner.asleep);
             tokio::select! {
                 _ = ticket.notified() => owed.add(ticket.disarm()),
                 _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),

@@ -353,11 +353,30 @@ impl Writer {
             .ok_or_else(|| unavailable("no connection"))
     }
 
+    /// The connection, in a new transaction. A connection that died while
+    /// idle (the database restarted, the network blinked) is noticed only
+    /// here: nothing has run in it yet, so it is opened again once.
+    fn begin(&mut self) -> Result<&mut Conn, JobError> {
+        let begun = self.connection()?.client.batch_execute("BEGIN");
+        if let Err(error) = begun {
+            let error = pg_error(&error);
+            if !matches!(error, JobError::StoreUnavailable(_)) {
+                return Err(error);
+            }
+            self.conn = None;
+            let conn = self.connection()?;
+            conn.client
+                .batch_execute("BEGIN")
+                .map_err(|e| pg_error(&e))?;
+        }
+        self.connection()
+    }
+
     fn run_group(&mut self, mut waiting: VecDeque<WriteOp>) {
         self.clock
             .refresh_if_due(self.conn.as_mut().map(|c| &mut c.client));
         let origin = self.origin;
-        let conn = match self.connection() {
+        let conn = match self.begin() {
             Ok(conn) => conn,
             Err(error) => {
                 self.health.failed(error.to_string());
@@ -380,20 +399,14 @@ impl Writer {
     }
 }
 
-/// Runs the operations in one transaction and answers them after the
-/// commit. Returns whether a change was committed, or why it failed.
+/// Runs the operations in the transaction begun on `conn` and answers
+/// them after the commit. Returns whether a change was committed, or why
+/// it failed.
 fn run_transaction(
     conn: &mut Conn,
     waiting: &mut VecDeque<WriteOp>,
     origin: u64,
 ) -> Result<bool, String> {
-    if let Err(error) = conn.client.batch_execute("BEGIN") {
-        let error = pg_error(&error);
-        for op in waiting.drain(..) {
-            refuse(op, error.clone());
-        }
-        return Err(error.to_string());
-    }
     let mut kept_any = false;
     // A savepoint that could not be ended leaves the transaction aborted,
     // and PostgreSQL then answers COMMIT by rolling back without an error.
