@@ -56,8 +56,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -84,6 +84,19 @@ case $((JOBMGR_JOB_ID % 25)) in
   *) sleep 0.0$((JOBMGR_JOB_ID % 10)) ;;
 esac
 printf '%s %s %s\n' "$JOBMGR_JOB_ID" "$JOBMGR_ATTEMPT" "$CHAOS_SUP" >> "$CHAOS_OUT"
+"#;
+
+/// The soak's jobs are named `Chaos/_` (any supervisor takes them; the
+/// worker is the file `_`); a wake-up probe for supervisor `a` is named
+/// `Chaos/a` (the worker `a`), and only `a` takes it: in the fleet soak,
+/// supervisor `a` takes the GLOB `Chaos/[_a]`.
+const SOAK_JOB: &str = "Chaos/_";
+
+/// A wake-up probe's worker: says when it started (the wall clock, in ns)
+/// and which supervisor instance ran it.
+const PROBE_WORKER: &str = r#"#!/bin/sh
+# The fleet soak's wake-up probe.
+printf '%s %s %s\n' "$JOBMGR_JOB_ID" "$(date +%s%N)" "$CHAOS_SUP" >> "$CHAOS_PROBES"
 "#;
 
 // ---------------------------------------------------------------------------
@@ -168,21 +181,38 @@ fn terminate(child: &mut Child, what: &str, log: &Path) -> std::process::ExitSta
     })
 }
 
-/// The job server, restarted on the same SQLite file and port. The first
-/// start takes a port from the OS; later ones bind that port again.
+/// Where a soak's servers keep their jobs.
+#[derive(Clone)]
+enum SoakStore {
+    /// An SQLite file, served by one server at a time.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database that every server of the soak serves at once
+    /// (dropped after the last of them), and the token file they read: a
+    /// URL has no "beside".
+    Postgres(Arc<TestDatabase>, PathBuf),
+}
+
+/// A job server, restarted on the same store and port. The first start
+/// takes a port from the OS; later ones bind that port again.
 struct SoakServer {
     child: Option<Child>,
-    db: PathBuf,
+    store: SoakStore,
     log: PathBuf,
     port: u16,
 }
 
 impl SoakServer {
+    /// A server on the SQLite file `dir/jobs.db`.
     fn start(dir: &Path) -> SoakServer {
+        SoakServer::start_on(SoakStore::Sqlite(dir.join("jobs.db")), dir.join("server.log"))
+    }
+
+    /// A server on `store`, its log in `log`.
+    fn start_on(store: SoakStore, log: PathBuf) -> SoakServer {
         let mut server = SoakServer {
             child: None,
-            db: dir.join("jobs.db"),
-            log: dir.join("server.log"),
+            store,
+            log,
             port: 0,
         };
         server.spawn();
@@ -193,9 +223,19 @@ impl SoakServer {
         let started = Instant::now();
         loop {
             let mut command = Command::new(bin());
+            command.args(["server", "--log-format", "json", "--db"]);
+            match &self.store {
+                SoakStore::Sqlite(db) => {
+                    command.arg(db);
+                }
+                SoakStore::Postgres(database, token_file) => {
+                    command
+                        .arg(database.url())
+                        .arg("--token-file")
+                        .arg(token_file);
+                }
+            }
             command
-                .args(["server", "--log-format", "json", "--db"])
-                .arg(&self.db)
                 .arg("--http")
                 .arg(format!("127.0.0.1:{}", self.port))
                 .args(["--bedrock", "none"]);
@@ -250,6 +290,8 @@ struct SoakSupervisor {
     args: Vec<OsString>,
     child: Option<Child>,
     instance: u32,
+    /// Where the running instance's part of the log begins.
+    log_from: u64,
 }
 
 impl SoakSupervisor {
@@ -264,11 +306,13 @@ impl SoakSupervisor {
             args,
             child: None,
             instance: 0,
+            log_from: 0,
         }
     }
 
     fn start(&mut self) {
         self.instance += 1;
+        self.log_from = std::fs::metadata(self.log()).map_or(0, |m| m.len());
         let mut command = Command::new(bin());
         command
             .args(&self.args)
@@ -304,6 +348,17 @@ impl SoakSupervisor {
 
     fn log(&self) -> PathBuf {
         self.dir.join("stderr")
+    }
+
+    /// What the running instance has logged.
+    fn instance_log(&self) -> String {
+        let Ok(mut file) = std::fs::File::open(self.log()) else {
+            return String::new();
+        };
+        let _ = file.seek(SeekFrom::Start(self.log_from));
+        let mut text = String::new();
+        let _ = file.read_to_string(&mut text);
+        text
     }
 
     fn kill9(&mut self) {

@@ -173,3 +173,43 @@ fn a_read_goes_to_the_next_server_when_the_first_drops_it_a_create_does_not() {
     assert_eq!(status, 200);
     assert_eq!(listing["jobs"], json!([]), "{listing}");
 }
+
+#[test]
+fn a_job_running_when_its_server_dies_is_reported_through_another_server_on_the_same_database() {
+    use std::os::unix::fs::PermissionsExt;
+    let database = std::sync::Arc::new(TestDatabase::create());
+    let mut first = Server::builder().on_database(&database).start();
+    let second = Server::builder().on_database(&database).start();
+    // The worker waits for a file, so that its server can die mid-run, and
+    // records each run it completes.
+    let shared = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = shared.path().display();
+    let list = format!("{},{}", first.url, second.url);
+    let sup = Supervisor::builder(&list)
+        .arg("--lease")
+        .arg("20s")
+        .worker(
+            "Wait",
+            &sh(&format!(
+                "while [ ! -e '{o}/go' ]; do sleep 0.02; done\n\
+                 echo \"$JOBMGR_JOB_ID\" >> '{o}/runs'\necho '{{\"done\":true}}'"
+            )),
+        )
+        .start();
+    let id = first.api().create(json!({"name": "Wait"}));
+    wait_for("the job to run", &sup, || {
+        (second.api().state(id).as_deref() == Some("RUNNING")).then_some(())
+    });
+
+    first.kill9();
+    std::fs::write(shared.path().join("go"), "").unwrap();
+    // The report (spooled if it had to be) lands through the other server:
+    // the same lease on the same database, so the job ends once, finished.
+    let ended = wait_ended(&second.api(), &sup, id);
+    assert_eq!(ended["state"], "FINISHED", "{ended}");
+    assert_eq!(ended["data"]["done"], true, "{ended}");
+    let runs = std::fs::read_to_string(shared.path().join("runs")).unwrap();
+    assert_eq!(runs.lines().collect::<Vec<_>>(), [id.to_string()], "ran once");
+    assert_eq!(second.api().outcomes(id), ["finished"]);
+}
