@@ -205,18 +205,43 @@ pub(super) fn unavailable(why: &str) -> JobError {
     JobError::StoreUnavailable(why.to_string())
 }
 
-/// A PostgreSQL error as a store error: a lost or refused connection is
-/// "unavailable" (503: retry, or go to another server); anything else
-/// failed the operation (502).
+/// A PostgreSQL error as a store error. "Unavailable" (503: retry, or go
+/// to another server) when retrying can work: a lost or refused
+/// connection, a database shutting down or out of connections, and a
+/// deadlock or serialization failure with another server (the operation
+/// was rolled back); anything else failed the operation (502).
 pub(super) fn pg_error(error: &postgres::Error) -> JobError {
-    if error.is_closed() || error.as_db_error().is_none() {
-        unavailable(&error.to_string())
-    } else {
-        let text = error
-            .as_db_error()
-            .map_or_else(|| error.to_string(), |db| db.message().to_string());
-        JobError::Store(text)
+    match error.as_db_error() {
+        Some(db) => {
+            let code = db.code().code();
+            let retryable = ["08", "53", "57", "40"]
+                .iter()
+                .any(|class| code.starts_with(class));
+            if retryable {
+                unavailable(db.message())
+            } else {
+                JobError::Store(db.message().to_string())
+            }
+        }
+        None if is_connection_error(error) => unavailable(&error.to_string()),
+        None => JobError::Store(error.to_string()),
     }
+}
+
+/// Whether a client-side error is about the connection (closed, or an
+/// I/O error under it), not about a statement.
+fn is_connection_error(error: &postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if cause.is::<std::io::Error>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    error.to_string().contains("connection")
 }
 
 /// A connection with the statements it has prepared.
