@@ -69,6 +69,12 @@ fn read_jobs(rows: Vec<Row>) -> Result<Vec<Job>, JobError> {
     rows.iter().map(read_job).collect()
 }
 
+/// A row count as SQL's `LIMIT` takes it: `usize::MAX` (no bound) would
+/// wrap to a negative number, which PostgreSQL refuses.
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
 fn data_text(job: &Job) -> Result<String, JobError> {
     serde_json::to_string(&job.data).map_err(|e| JobError::Store(e.to_string()))
 }
@@ -252,7 +258,7 @@ impl StoreTx for PgTx<'_> {
         };
         let mut found = Vec::new();
         for p in priorities {
-            let wanted = (limit - found.len()) as i64;
+            let wanted = sql_limit(limit - found.len());
             if wanted == 0 {
                 break;
             }
@@ -282,7 +288,7 @@ impl StoreTx for PgTx<'_> {
             "SELECT {COLUMNS} FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NOT NULL \
              AND lease_expires <= $1 ORDER BY lease_expires LIMIT $2{lock}"
         );
-        read_jobs(self.query(&sql, &[&now.0, &(limit as i64)])?)
+        read_jobs(self.query(&sql, &[&now.0, &sql_limit(limit)])?)
     }
 
     fn unleased_running(
@@ -299,7 +305,7 @@ impl StoreTx for PgTx<'_> {
             "SELECT {COLUMNS} FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NULL \
              AND last_run IS NOT NULL AND last_run <= $1 ORDER BY last_run LIMIT $2{lock}"
         );
-        read_jobs(self.query(&sql, &[&handed_out_by.0, &(limit as i64)])?)
+        read_jobs(self.query(&sql, &[&handed_out_by.0, &sql_limit(limit)])?)
     }
 
     fn due_between(
@@ -311,7 +317,7 @@ impl StoreTx for PgTx<'_> {
         let rows = self.query(
             "SELECT job_id, name, priority FROM jobs WHERE state IN ('QUEUED', 'RUNQUEUED') \
              AND next_run > $1 AND next_run <= $2 ORDER BY next_run LIMIT $3",
-            &[&after.0, &upto.0, &(limit as i64)],
+            &[&after.0, &upto.0, &sql_limit(limit)],
         )?;
         rows.iter()
             .map(|row| {
@@ -344,7 +350,8 @@ impl StoreTx for PgTx<'_> {
     fn list(&mut self, query: &ListQuery) -> Result<Page, JobError> {
         let mut params = Params::default();
         let after = params.push(query.after_id.unwrap_or(0));
-        let limit = params.push(query.limit.max(1) as i64);
+        let limit = params.push(sql_limit(query.limit.max(1)));
+        let max_bytes = params.push(sql_limit(query.max_bytes));
         let mut filter = String::new();
         if let Some(pattern) = &query.pattern {
             filter.push_str(&name_condition(pattern, &mut params));
@@ -354,20 +361,29 @@ impl StoreTx for PgTx<'_> {
             let mark = params.push(state.as_str().to_string());
             filter.push_str(&format!("state = {mark} AND "));
         }
+        // The page's bytes (names and data as stored) are counted by the
+        // database, which sends no row past the first that goes over
+        // `max_bytes`: a page of big jobs is never read whole into memory.
         let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE {filter}job_id > {after} ORDER BY job_id LIMIT {limit}"
+            "SELECT {COLUMNS}, running FROM ( \
+               SELECT {COLUMNS}, octet_length(name) + octet_length(data) AS size, \
+                 SUM(octet_length(name) + octet_length(data)) OVER (ORDER BY job_id) AS running \
+               FROM jobs WHERE {filter}job_id > {after} ORDER BY job_id LIMIT {limit}) page \
+             WHERE {max_bytes}::bigint = 0 OR running - size <= {max_bytes}::bigint ORDER BY job_id"
         );
         let rows = self.query(&sql, &params.refs())?;
         let mut page = Page::default();
-        let mut bytes = 0usize;
         for row in &rows {
-            let job = read_job(row)?;
-            bytes += job.name.len() + serde_json::to_string(&job.data).map_or(0, |d| d.len());
-            if query.max_bytes > 0 && bytes > query.max_bytes && !page.jobs.is_empty() {
+            let running: i64 = row
+                .try_get::<_, Option<i64>>(17)
+                .map_err(|e| corrupt("size", e))?
+                .unwrap_or(0);
+            if query.max_bytes > 0 && running > sql_limit(query.max_bytes) && !page.jobs.is_empty()
+            {
                 page.cut = true;
                 break;
             }
-            page.jobs.push(job);
+            page.jobs.push(read_job(row)?);
         }
         Ok(page)
     }

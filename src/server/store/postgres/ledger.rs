@@ -1,31 +1,31 @@
 //! The ledger's rows in PostgreSQL: [`LedgerTx`] for [`PgTx`], a port of
 //! the SQLite store's (`sqlite_ledger.rs`) statement for statement, with the
-//! same results in the same order. Statistics grow by single-statement
-//! upserts that never read the row first, so that servers sharing the
-//! database never lose each other's increments.
+//! same results in the same order: attempts, the archive, failure groups,
+//! the registry of supervisors and purges here, the hourly statistics in
+//! [`super::ledger_stats`].
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::LazyLock;
+use std::borrow::Cow;
+use std::collections::HashMap;
 
 use postgres::Row;
 use postgres::types::FromSql;
 
 use super::glob::{Params, name_condition};
-use super::{PgTx, corrupt};
+use super::{PgTx, corrupt, ledger_stats};
 use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
 use crate::server::ledger::{
     ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
-    Summary, WorkerDelta, WorkerRow, WorkerStatsRow, histogram,
+    WorkerDelta, WorkerRow, WorkerStatsRow,
 };
 use crate::server::store::{ArchiveQuery, LedgerTx, PurgeLimits};
 
 /// Column `i` of a row of `what`, or the error saying it cannot be read.
-fn col<'r, T: FromSql<'r>>(row: &'r Row, i: usize, what: &str) -> Result<T, JobError> {
+pub(super) fn col<'r, T: FromSql<'r>>(row: &'r Row, i: usize, what: &str) -> Result<T, JobError> {
     row.try_get(i).map_err(|e| corrupt(what, e))
 }
 
 /// A stored count, as SQLite's store reads it (a negative one is 0).
-fn count(row: &Row, i: usize, what: &str) -> Result<u64, JobError> {
+pub(super) fn count(row: &Row, i: usize, what: &str) -> Result<u64, JobError> {
     Ok(col::<i64>(row, i, what)?.max(0) as u64)
 }
 
@@ -34,11 +34,27 @@ fn small(row: &Row, i: usize, what: &str) -> Result<u32, JobError> {
     u32::try_from(col::<i64>(row, i, what)?).map_err(|e| corrupt(what, e))
 }
 
+/// Text as PostgreSQL can keep it: a `TEXT` cannot hold NUL, which SQLite
+/// keeps and a worker's output may have; each becomes U+FFFD.
+fn storable(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// [`storable`] for text that may be absent.
+fn storable_opt(text: &Option<String>) -> Option<Cow<'_, str>> {
+    text.as_deref().map(storable)
+}
+
 /// A count or limit as a BIGINT parameter (larger ones are clamped).
-fn bigint(n: impl TryInto<i64>) -> i64 {
+pub(super) fn bigint(n: impl TryInto<i64>) -> i64 {
     n.try_into().unwrap_or(i64::MAX)
 }
 
+/// The columns of an attempt, in the order [`read_attempt`] reads them.
 const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
      failure, exit_code, signal, stdout, stderr, stdout_bytes, stderr_bytes";
 
@@ -73,94 +89,7 @@ fn read_attempt(row: &Row) -> Result<Attempt, JobError> {
     })
 }
 
-const STATS_COLUMNS: &str = "name, hour, added, started, finished, failed, retried, \
-     wait_n, wait_mean, wait_m2, wait_min, wait_max, run_n, run_mean, run_m2, run_min, run_max, \
-     service_n, service_mean, service_m2, service_min, service_max";
-
-/// An hour's statistics from [`STATS_COLUMNS`], without histograms.
-fn read_stats(row: &Row) -> Result<StatsRow, JobError> {
-    const WHAT: &str = "statistics row";
-    Ok(StatsRow {
-        name: col(row, 0, WHAT)?,
-        hour: col(row, 1, WHAT)?,
-        added: count(row, 2, WHAT)?,
-        started: count(row, 3, WHAT)?,
-        finished: count(row, 4, WHAT)?,
-        failed: count(row, 5, WHAT)?,
-        retried: count(row, 6, WHAT)?,
-        wait: read_summary(row, 7)?,
-        run: read_summary(row, 12)?,
-        service: read_summary(row, 17)?,
-        wait_histogram: None,
-        run_histogram: None,
-    })
-}
-
-/// The summary in the five columns from `at` (`X_n, X_mean, X_m2, X_min, X_max`).
-fn read_summary(row: &Row, at: usize) -> Result<Summary, JobError> {
-    const WHAT: &str = "summary";
-    Ok(Summary {
-        count: count(row, at, WHAT)?,
-        mean: col(row, at + 1, WHAT)?,
-        m2: col(row, at + 2, WHAT)?,
-        min: col::<Option<f64>>(row, at + 3, WHAT)?.unwrap_or(0.0),
-        max: col::<Option<f64>>(row, at + 4, WHAT)?.unwrap_or(0.0),
-    })
-}
-
-/// The SET clauses that add one sample (given as `excluded.X_mean` with
-/// `excluded.X_n` = 1, or nothing with 0) to summary `X` of `table` by
-/// Welford's update; every right-hand side reads the row as it was. The
-/// row's own columns are named with the table, as `excluded` has them too.
-fn welford(table: &str, x: &str) -> String {
-    let new_mean =
-        format!("{table}.{x}_mean + (excluded.{x}_mean - {table}.{x}_mean) / ({table}.{x}_n + 1)");
-    format!(
-        "{x}_mean = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_mean ELSE {new_mean} END, \
-         {x}_m2 = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_m2 \
-           ELSE {table}.{x}_m2 + (excluded.{x}_mean - {table}.{x}_mean) \
-             * (excluded.{x}_mean - ({new_mean})) END, \
-         {x}_min = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_min \
-           ELSE LEAST(COALESCE({table}.{x}_min, excluded.{x}_min), excluded.{x}_min) END, \
-         {x}_max = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_max \
-           ELSE GREATEST(COALESCE({table}.{x}_max, excluded.{x}_max), excluded.{x}_max) END, \
-         {x}_n = {table}.{x}_n + excluded.{x}_n"
-    )
-}
-
-/// Adds one event to an hour's row in one statement, without reading it.
-static ADD_STATS_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO stats ({STATS_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, \
-           $8, COALESCE($9::float8, 0), 0, $9, $9, $10, COALESCE($11::float8, 0), 0, $11, $11, \
-           $12, COALESCE($13::float8, 0), 0, $13, $13) \
-         ON CONFLICT (name, hour) DO UPDATE SET \
-           added = stats.added + excluded.added, started = stats.started + excluded.started, \
-           finished = stats.finished + excluded.finished, failed = stats.failed + excluded.failed, \
-           retried = stats.retried + excluded.retried, {}, {}, {}",
-        welford("stats", "wait"),
-        welford("stats", "run"),
-        welford("stats", "service")
-    )
-});
-
-/// Counts one duration in an hour's histogram.
-const ADD_HISTOGRAM_SQL: &str = "INSERT INTO stats_histogram (name, hour, kind, bucket, count) \
-     VALUES ($1, $2, $3, $4, 1) \
-     ON CONFLICT (name, hour, kind, bucket) DO UPDATE SET count = stats_histogram.count + 1";
-
-/// Adds one event to a supervisor's hour in one statement.
-static ADD_WORKER_STATS_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO worker_stats (worker, hour, run_n, run_mean, run_m2, run_min, run_max, \
-         busy_ms, capacity_ms) VALUES ($1, $2, $3, COALESCE($4::float8, 0), 0, $4, $4, $5, $6) \
-         ON CONFLICT (worker, hour) DO UPDATE SET \
-           busy_ms = worker_stats.busy_ms + excluded.busy_ms, \
-           capacity_ms = worker_stats.capacity_ms + excluded.capacity_ms, {}",
-        welford("worker_stats", "run")
-    )
-});
-
+/// The columns of an archived job, in the order [`read_archived`] reads them.
 const ARCHIVE_COLUMNS: &str = "job_id, name, state, data, created, ended, attempts, failure";
 
 /// An archived job from [`ARCHIVE_COLUMNS`]. Data that does not parse reads
@@ -221,36 +150,7 @@ fn archive_sql(query: &ArchiveQuery) -> (String, Params) {
 
 impl LedgerTx for PgTx<'_> {
     fn add_stats(&mut self, name: &str, hour: i64, delta: &StatsDelta) -> Result<(), JobError> {
-        // A sample, or no sample: count 0 and no value (so no min or max).
-        let sample = |ms: Option<i64>| (i64::from(ms.is_some()), ms.map(|ms| ms.max(0) as f64));
-        let (wait_n, wait) = sample(delta.wait_ms);
-        let (run_n, run) = sample(delta.run_ms);
-        let (service_n, service) = sample(delta.service_ms);
-        self.execute(
-            &ADD_STATS_SQL,
-            &[
-                &name,
-                &hour,
-                &bigint(delta.added),
-                &bigint(delta.started),
-                &bigint(delta.finished),
-                &bigint(delta.failed),
-                &bigint(delta.retried),
-                &wait_n,
-                &wait,
-                &run_n,
-                &run,
-                &service_n,
-                &service,
-            ],
-        )?;
-        for (kind, ms) in [("wait", delta.wait_ms), ("run", delta.run_ms)] {
-            if let Some(ms) = ms {
-                let bucket = bigint(histogram::bucket(ms));
-                self.execute(ADD_HISTOGRAM_SQL, &[&name, &hour, &kind, &bucket])?;
-            }
-        }
-        Ok(())
+        ledger_stats::add_stats(self, name, hour, delta)
     }
 
     fn stats(
@@ -259,58 +159,7 @@ impl LedgerTx for PgTx<'_> {
         from: Timestamp,
         to: Timestamp,
     ) -> Result<Vec<StatsRow>, JobError> {
-        // The pattern narrows the rows read; `matches` decides, as in SQLite.
-        let mut params = Params::default();
-        let window = format!(
-            "hour >= {} AND hour < {}",
-            params.push(from.0),
-            params.push(to.0)
-        );
-        let filter = pattern
-            .map(|p| format!(" AND {}", name_condition(p, &mut params)))
-            .unwrap_or_default();
-        let rows = self.query(
-            &format!(
-                "SELECT {STATS_COLUMNS} FROM stats WHERE {window}{filter} ORDER BY name, hour"
-            ),
-            &params.refs(),
-        )?;
-        let mut out: BTreeMap<(String, i64), StatsRow> = BTreeMap::new();
-        for row in &rows {
-            let row = read_stats(row)?;
-            if pattern.is_none_or(|p| p.matches(&row.name)) {
-                out.insert((row.name.clone(), row.hour), row);
-            }
-        }
-        let buckets = self.query(
-            &format!(
-                "SELECT name, hour, kind, bucket, count FROM stats_histogram \
-                 WHERE {window}{filter}"
-            ),
-            &params.refs(),
-        )?;
-        for bucket in &buckets {
-            const WHAT: &str = "histogram bucket";
-            let name: String = col(bucket, 0, WHAT)?;
-            let hour: i64 = col(bucket, 1, WHAT)?;
-            let kind: String = col(bucket, 2, WHAT)?;
-            let index: i64 = col(bucket, 3, WHAT)?;
-            let n = count(bucket, 4, WHAT)?;
-            let (Some(row), Ok(index)) = (out.get_mut(&(name, hour)), usize::try_from(index))
-            else {
-                continue;
-            };
-            if index >= histogram::bucket_count() {
-                continue;
-            }
-            let histogram = match kind.as_str() {
-                "wait" => &mut row.wait_histogram,
-                "run" => &mut row.run_histogram,
-                _ => continue,
-            };
-            histogram.get_or_insert_default().0.insert(index, n);
-        }
-        Ok(out.into_values().collect())
+        ledger_stats::stats(self, pattern, from, to)
     }
 
     fn add_worker_stats(
@@ -319,18 +168,7 @@ impl LedgerTx for PgTx<'_> {
         hour: i64,
         delta: &WorkerDelta,
     ) -> Result<(), JobError> {
-        self.execute(
-            &ADD_WORKER_STATS_SQL,
-            &[
-                &worker,
-                &hour,
-                &i64::from(delta.run_ms.is_some()),
-                &delta.run_ms.map(|ms| ms.max(0) as f64),
-                &delta.busy_ms.max(0),
-                &delta.capacity_ms.max(0),
-            ],
-        )?;
-        Ok(())
+        ledger_stats::add_worker_stats(self, worker, hour, delta)
     }
 
     fn worker_stats(
@@ -339,39 +177,7 @@ impl LedgerTx for PgTx<'_> {
         from: Timestamp,
         to: Timestamp,
     ) -> Result<Vec<WorkerStatsRow>, JobError> {
-        // The pattern's condition is on `name`: the supervisor is named so.
-        let mut params = Params::default();
-        let window = format!(
-            "hour >= {} AND hour < {}",
-            params.push(from.0),
-            params.push(to.0)
-        );
-        let filter = pattern
-            .map(|p| format!(" AND {}", name_condition(p, &mut params)))
-            .unwrap_or_default();
-        let rows = self.query(
-            &format!(
-                "SELECT name, hour, run_n, run_mean, run_m2, run_min, run_max, busy_ms, \
-                 capacity_ms FROM (SELECT worker AS name, * FROM worker_stats) w \
-                 WHERE {window}{filter} ORDER BY name, hour"
-            ),
-            &params.refs(),
-        )?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            const WHAT: &str = "supervisor's statistics row";
-            let row = WorkerStatsRow {
-                worker: col(row, 0, WHAT)?,
-                hour: col(row, 1, WHAT)?,
-                run: read_summary(row, 2)?,
-                busy_ms: col(row, 7, WHAT)?,
-                capacity_ms: col(row, 8, WHAT)?,
-            };
-            if pattern.is_none_or(|p| p.matches(&row.worker)) {
-                out.push(row);
-            }
-        }
-        Ok(out)
+        ledger_stats::worker_stats(self, pattern, from, to)
     }
 
     fn open_attempt(&mut self, attempt: &Attempt) -> Result<(), JobError> {
@@ -406,12 +212,12 @@ impl LedgerTx for PgTx<'_> {
             &[
                 &job_id,
                 &ended.0,
-                &end.outcome,
-                &end.failure,
+                &storable(&end.outcome),
+                &storable_opt(&end.failure),
                 &end.exit_code,
-                &end.signal,
-                &end.stdout,
-                &end.stderr,
+                &storable_opt(&end.signal),
+                &storable_opt(&end.stdout),
+                &storable_opt(&end.stderr),
                 &end.stdout_bytes.map(bigint),
                 &end.stderr_bytes.map(bigint),
             ],
@@ -490,7 +296,7 @@ impl LedgerTx for PgTx<'_> {
                 &job.created.0,
                 &job.ended.0,
                 &job.attempts,
-                &job.failure,
+                &storable_opt(&job.failure),
             ],
         )?;
         Ok(())
@@ -518,7 +324,7 @@ impl LedgerTx for PgTx<'_> {
         self.execute(
             "INSERT INTO failures (job_id, grp, at) VALUES ($1, $2, $3) \
              ON CONFLICT (job_id) DO UPDATE SET grp = excluded.grp, at = excluded.at",
-            &[&job_id, &group, &at.0],
+            &[&job_id, &storable(group), &at.0],
         )?;
         Ok(())
     }
@@ -788,5 +594,40 @@ impl LedgerTx for PgTx<'_> {
             histograms,
             workers,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_stored_as_given_but_for_nul() {
+        assert!(matches!(storable("out\nput"), Cow::Borrowed("out\nput")));
+        assert_eq!(storable("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(
+            storable_opt(&Some("\0".into())).as_deref(),
+            Some("\u{FFFD}")
+        );
+        assert_eq!(storable_opt(&None), None);
+    }
+
+    #[test]
+    fn a_time_window_is_not_read_in_id_order() {
+        let window = ArchiveQuery {
+            since: Some(Timestamp(5)),
+            limit: 10,
+            ..ArchiveQuery::default()
+        };
+        let (sql, params) = archive_sql(&window);
+        assert!(sql.ends_with("ORDER BY job_id + 0 LIMIT $3"), "{sql}");
+        assert_eq!(params.refs().len(), 3);
+        let page = ArchiveQuery {
+            pattern: Some(NamePattern::Glob("job-*".into())),
+            limit: 10,
+            ..ArchiveQuery::default()
+        };
+        let (sql, _) = archive_sql(&page);
+        assert!(sql.ends_with("ORDER BY job_id LIMIT $5"), "{sql}");
     }
 }

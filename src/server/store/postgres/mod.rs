@@ -9,6 +9,7 @@ mod connect;
 mod glob;
 mod jobs;
 mod ledger;
+mod ledger_stats;
 mod notify;
 mod schema;
 
