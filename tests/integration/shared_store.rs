@@ -215,3 +215,86 @@ fn concurrent_takers_on_three_servers_never_share_a_job_and_the_statistics_add_u
     assert_eq!(total("started"), JOBS as u64, "{stats}");
     assert_eq!(total("finished"), JOBS as u64, "{stats}");
 }
+
+#[test]
+fn siblings_finished_at_once_through_different_servers_queue_their_parent_once() {
+    const FAMILIES: usize = 4;
+    const CHILDREN: usize = 10;
+    let seed: u64 = std::env::var("SHARED_STORE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("seed {seed} (SHARED_STORE_SEED reruns it)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let servers = servers(3);
+    let apis: Arc<Vec<_>> = Arc::new(servers.iter().map(Server::api).collect());
+    let mut violations = Vec::new();
+    for family in 0..FAMILIES {
+        let name = format!("family-{family}");
+        let parent = apis[0].create(json!({"name": name}));
+        let held = apis[1].take(&name);
+        assert_eq!(held["jobID"], parent);
+        let children: Vec<i64> = (0..CHILDREN)
+            .map(|i| {
+                apis[rng.random_range(0..apis.len())].create(json!({
+                    "name": format!("{name}/child"), "parentJobID": parent, "data": {"i": i}
+                }))
+            })
+            .collect();
+        let (status, answer) = apis[2].post(
+            &format!("/jobs/{parent}/finish"),
+            json!({"lease": held["lease"]}),
+        );
+        assert_eq!(status, 200, "{answer}");
+        // Every child handed out first, then all finished at once, each
+        // through a random server: the last sibling to finish queues the
+        // parent, whichever server it went through.
+        let mut handouts = Vec::new();
+        while handouts.len() < CHILDREN {
+            let api = &apis[rng.random_range(0..apis.len())];
+            handouts.extend(api.dequeue(json!({
+                "name": format!("{name}/child"), "numResults": 3, "leaseMs": 600_000,
+            })));
+        }
+        let finishers: Vec<_> = handouts
+            .into_iter()
+            .map(|job| {
+                let apis = Arc::clone(&apis);
+                let pick = rng.random_range(0..apis.len());
+                std::thread::spawn(move || {
+                    let id = job["jobID"].as_i64().expect("jobID");
+                    apis[pick].post(
+                        &format!("/jobs/{id}/finish"),
+                        json!({"lease": job["lease"], "data": {"done": id}}),
+                    )
+                })
+            })
+            .collect();
+        for finisher in finishers {
+            let (status, answer) = finisher.join().expect("finisher");
+            if status != 200 {
+                violations.push(format!(
+                    "{name}: a child's finish answered {status} {answer}"
+                ));
+            }
+        }
+        let job = apis[0].job(parent);
+        if job["state"] != "QUEUED" {
+            violations.push(format!("{name}: parent not queued again: {job}"));
+            continue;
+        }
+        let resumed = apis[2].take(&name);
+        let finished = resumed["finishedChildJobs"].as_array().map_or(0, Vec::len);
+        if finished != CHILDREN {
+            violations.push(format!(
+                "{name}: resumed with {finished} finished children of {}: {resumed}",
+                children.len()
+            ));
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{} violations: {violations:#?}",
+        violations.len()
+    );
+}
