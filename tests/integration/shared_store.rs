@@ -218,8 +218,8 @@ fn concurrent_takers_on_three_servers_never_share_a_job_and_the_statistics_add_u
 
 #[test]
 fn siblings_finished_at_once_through_different_servers_queue_their_parent_once() {
-    const FAMILIES: usize = 4;
-    const CHILDREN: usize = 10;
+    const FAMILIES: usize = 6;
+    const CHILDREN: usize = 16;
     let seed: u64 = std::env::var("SHARED_STORE_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -246,36 +246,51 @@ fn siblings_finished_at_once_through_different_servers_queue_their_parent_once()
             json!({"lease": held["lease"]}),
         );
         assert_eq!(status, 200, "{answer}");
-        // Every child handed out first, then all finished at once, each
-        // through a random server: the last sibling to finish queues the
-        // parent, whichever server it went through.
-        let mut handouts = Vec::new();
-        while handouts.len() < CHILDREN {
-            let api = &apis[rng.random_range(0..apis.len())];
-            handouts.extend(api.dequeue(json!({
-                "name": format!("{name}/child"), "numResults": 3, "leaseMs": 600_000,
-            })));
-        }
-        let finishers: Vec<_> = handouts
-            .into_iter()
-            .map(|job| {
+        // Takers on random servers take and finish children at once, so
+        // that claims of some children meet reports of their siblings: the
+        // last sibling to finish queues the parent, whichever server it
+        // went through.
+        let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let takers: Vec<_> = (0..6)
+            .map(|taker| {
                 let apis = Arc::clone(&apis);
-                let pick = rng.random_range(0..apis.len());
+                let taken = Arc::clone(&taken);
+                let mut rng = StdRng::seed_from_u64(rng.random());
+                let name = name.clone();
                 std::thread::spawn(move || {
-                    let id = job["jobID"].as_i64().expect("jobID");
-                    apis[pick].post(
-                        &format!("/jobs/{id}/finish"),
-                        json!({"lease": job["lease"], "data": {"done": id}}),
-                    )
+                    let mut refused = Vec::new();
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    while taken.load(std::sync::atomic::Ordering::SeqCst) < CHILDREN
+                        && Instant::now() < deadline
+                    {
+                        let api = &apis[rng.random_range(0..apis.len())];
+                        // Two supervisors' names: their registry rows are
+                        // written by claims and reports alike.
+                        let jobs = api.dequeue(json!({
+                            "name": format!("{name}/child"), "numResults": 2, "leaseMs": 600_000,
+                            "worker": {"id": format!("sup-{}", taker % 2), "host": "h",
+                                       "pid": 1, "capacity": 4, "running": 0},
+                        }));
+                        for job in jobs {
+                            taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let id = job["jobID"].as_i64().expect("jobID");
+                            let reporter = &apis[rng.random_range(0..apis.len())];
+                            let (status, answer) = reporter.post(
+                                &format!("/jobs/{id}/finish"),
+                                json!({"lease": job["lease"], "data": {"done": id}}),
+                            );
+                            if status != 200 {
+                                refused.push(format!("finish of {id}: {status} {answer}"));
+                            }
+                        }
+                    }
+                    refused
                 })
             })
             .collect();
-        for finisher in finishers {
-            let (status, answer) = finisher.join().expect("finisher");
-            if status != 200 {
-                violations.push(format!(
-                    "{name}: a child's finish answered {status} {answer}"
-                ));
+        for taker in takers {
+            for refused in taker.join().expect("taker") {
+                violations.push(format!("{name}: {refused}"));
             }
         }
         let job = apis[0].job(parent);

@@ -187,7 +187,12 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
     }
 
     let parent_data = if job.is_child() {
-        Some(tx.get(job.parent_id)?.map(|p| p.data).unwrap_or_default())
+        Some(
+            tx.store()
+                .peek(job.parent_id)?
+                .map(|p| p.data)
+                .unwrap_or_default(),
+        )
     } else {
         None
     };

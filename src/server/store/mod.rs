@@ -91,6 +91,12 @@ pub trait StoreTx {
     fn insert(&mut self, job: &Job) -> Result<JobId, JobError>;
     /// The job with this id.
     fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError>;
+    /// The job with this id, read without locking it against other
+    /// servers sharing the store: for what an operation only shows (a
+    /// child's `parentData`), never for what it decides or changes.
+    fn peek(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
+        self.get(id)
+    }
     /// Writes every field of an existing job.
     fn update(&mut self, job: &Job) -> Result<(), JobError>;
     /// Removes a job.
@@ -106,7 +112,9 @@ pub trait StoreTx {
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<Job>, JobError>;
-    /// Every child of a job.
+    /// Every child of a job. Not locked against other servers: a change
+    /// of a child that matters to its parent locks the parent first (see
+    /// the PostgreSQL store).
     fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError>;
     /// Keeps the stored job as it is now, before a hand-out under `token`,
     /// replacing what was kept at its previous hand-out.

@@ -472,6 +472,19 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
+        if std::thread::panicking() {
+            // The test failed: what the server said last, before it goes.
+            let stderr = self.stderr();
+            let lines: Vec<&str> = stderr.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!(
+                "--- the last {} lines of the stderr of the server on {} (--db {}):\n{}\n---",
+                tail.len(),
+                self.url,
+                self.db_arg(),
+                tail.join("\n")
+            );
+        }
         let _ = std::fs::remove_file(&self.stderr_path);
         // Then `store`: the last server on a PostgreSQL database drops it.
     }

@@ -3,7 +3,8 @@
 //! a claim skips rows another server holds (`FOR UPDATE SKIP LOCKED`), a
 //! read of one job waits for them (`FOR UPDATE`), and a child's parent is
 //! locked before the child, so that two servers finishing siblings take
-//! turns instead of deadlocking.
+//! turns instead of deadlocking (a job's children are read unlocked: see
+//! [`StoreTx::children`]).
 
 use postgres::Row;
 
@@ -145,6 +146,14 @@ impl StoreTx for PgTx<'_> {
             .transpose()
     }
 
+    fn peek(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
+        let sql = format!("SELECT {COLUMNS} FROM jobs WHERE job_id = $1");
+        self.query_opt(&sql, &[&id])?
+            .as_ref()
+            .map(read_job)
+            .transpose()
+    }
+
     fn update(&mut self, job: &Job) -> Result<(), JobError> {
         let data = data_text(job)?;
         let lease = job.lease.as_ref();
@@ -271,9 +280,14 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn children(&mut self, parent: JobId) -> Result<Vec<Job>, JobError> {
+        // Not locked: a claim holds the child it takes while it reads the
+        // parent's data, and a sibling's report holds the parent while it
+        // reads the children; locking both ways round would deadlock. What
+        // a parent's rule decides from its children (none left to run)
+        // changes only through reports, cancels and deletes of children,
+        // which lock the parent first ([`PgTx::get`]).
         let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE parent_id != 0 AND parent_id = $1 ORDER BY job_id{}",
-            self.lock_clause()
+            "SELECT {COLUMNS} FROM jobs WHERE parent_id != 0 AND parent_id = $1 ORDER BY job_id"
         );
         read_jobs(self.query(&sql, &[&parent])?)
     }

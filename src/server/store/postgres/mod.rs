@@ -1,6 +1,6 @@
 //! The PostgreSQL store, for several servers on one database: one writer
-//! connection per server that commits operations in groups (each in its own
-//! savepoint), a small pool of read-only connections, row locks so that
+//! connection per server that runs each write operation in a transaction of
+//! its own, a small pool of read-only connections, row locks so that
 //! servers skip each other's claims, commits announced to the other servers
 //! with `NOTIFY`, and the database's clock as the one clock.
 
@@ -13,7 +13,7 @@ mod ledger_stats;
 mod notify;
 mod schema;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -25,17 +25,12 @@ use postgres::{Client, Row, Statement};
 
 use super::sqlite::FailingTx;
 use super::write_health::WriteHealth;
-use super::{ReadOp, Reply, Store, WriteOp};
+use super::{ReadOp, Store, WriteOp};
 use crate::protocol::JobError;
 
 pub use clock::DatabaseClock;
 pub use connect::{PgOpenError, redacted};
 pub use notify::Announcements;
-
-/// The most write operations committed together. Smaller than SQLite's:
-/// a group holds its row locks until it commits, and other servers wait on
-/// them.
-const MAX_GROUP: usize = 64;
 
 /// The most read-only connections kept open.
 const MAX_READERS: u32 = 4;
@@ -340,18 +335,11 @@ struct Writer {
 }
 
 impl Writer {
-    /// Takes every queued operation (up to [`MAX_GROUP`]), runs each in a
-    /// savepoint of one transaction, commits once, then answers them all.
+    /// Runs each queued operation in a transaction of its own, and answers
+    /// it once the transaction has ended.
     fn run(mut self, receiver: mpsc::Receiver<WriteOp>) {
-        while let Ok(first) = receiver.recv() {
-            let mut group: VecDeque<WriteOp> = VecDeque::from([first]);
-            while group.len() < MAX_GROUP {
-                match receiver.try_recv() {
-                    Ok(op) => group.push_back(op),
-                    Err(_) => break,
-                }
-            }
-            self.run_group(group);
+        while let Ok(op) = receiver.recv() {
+            self.run_one(op);
         }
         tracing::debug!("job store writer stopped");
     }
@@ -398,7 +386,7 @@ impl Writer {
         self.connection()
     }
 
-    fn run_group(&mut self, mut waiting: VecDeque<WriteOp>) {
+    fn run_one(&mut self, op: WriteOp) {
         self.clock
             .refresh_if_due(self.conn.as_mut().map(|c| &mut c.client));
         let origin = self.origin;
@@ -406,13 +394,11 @@ impl Writer {
             Ok(conn) => conn,
             Err(error) => {
                 self.health.failed(error.to_string());
-                for op in waiting.drain(..) {
-                    refuse(op, error.clone());
-                }
+                refuse(op, error);
                 return;
             }
         };
-        match run_transaction(conn, &mut waiting, origin) {
+        match run_transaction(conn, op, origin) {
             Ok(true) => self.health.committed(),
             Ok(false) => {}
             Err(reason) => {
@@ -425,78 +411,52 @@ impl Writer {
     }
 }
 
-/// Runs the operations in the transaction begun on `conn` and answers
-/// them after the commit. Returns whether a change was committed, or why
-/// it failed.
-fn run_transaction(
-    conn: &mut Conn,
-    waiting: &mut VecDeque<WriteOp>,
-    origin: u64,
-) -> Result<bool, String> {
-    let mut kept_any = false;
-    // A savepoint that could not be ended leaves the transaction aborted,
-    // and PostgreSQL then answers COMMIT by rolling back without an error.
-    let mut broken: Option<JobError> = None;
-    let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
-    while let Some(op) = waiting.pop_front() {
-        if let Err(error) = conn.client.batch_execute("SAVEPOINT op") {
-            // The connection is gone or the transaction broken: answer this
-            // and every later operation with the error.
-            let error = pg_error(&error);
-            refuse(op, error.clone());
-            for op in waiting.drain(..) {
-                refuse(op, error.clone());
-            }
-            broken.get_or_insert(error);
-            break;
+/// Runs `op` in the transaction begun on `conn`, then commits it (or rolls
+/// it back if the operation failed) and answers it. Returns whether a
+/// change was committed, or why the transaction failed.
+fn run_transaction(conn: &mut Conn, op: WriteOp, origin: u64) -> Result<bool, String> {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        op(&mut PgTx {
+            client: &mut conn.client,
+            cache: &mut conn.cache,
+            locking: true,
+            origin,
+        })
+    }));
+    let (keep, reply) = match outcome {
+        Ok((keep, reply)) => (keep, Some(reply)),
+        Err(_) => {
+            tracing::error!("a write operation panicked; its changes were rolled back");
+            (false, None)
         }
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            op(&mut PgTx {
-                client: &mut conn.client,
-                cache: &mut conn.cache,
-                locking: true,
-                origin,
-            })
-        }));
-        let keep = matches!(outcome, Ok((true, _)));
-        kept_any |= keep;
-        let ended = if keep {
-            conn.client.batch_execute("RELEASE op")
-        } else {
-            conn.client.batch_execute("ROLLBACK TO op; RELEASE op")
-        };
-        if let Err(error) = &ended {
-            tracing::error!(%error, "could not end a savepoint");
-            broken.get_or_insert_with(|| pg_error(error));
-        }
-        match outcome {
-            Ok((_, reply)) => replies.push(reply),
-            Err(_) => tracing::error!("a write operation panicked; its changes were rolled back"),
-        }
-    }
-    if let Some(error) = broken {
+    };
+    if !keep {
         let _ = conn.client.batch_execute("ROLLBACK");
-        tracing::error!(%error, "a write group was rolled back; its operations are answered with the error");
-        replies
-            .into_iter()
-            .for_each(|reply| reply(Some(error.clone())));
-        return Err(error.to_string());
+        if let Some(reply) = reply {
+            reply(None);
+        }
+        return Ok(false);
     }
     let committing = std::time::Instant::now();
+    // PostgreSQL answers COMMIT of a transaction that an error aborted by
+    // rolling it back, with no error: the operation kept its changes only
+    // if every statement succeeded, which `keep` says.
     let committed = conn.client.batch_execute("COMMIT");
     crate::metrics::commit(committing.elapsed().as_secs_f64());
     match committed {
         Ok(()) => {
-            replies.into_iter().for_each(|reply| reply(None));
-            Ok(kept_any)
+            if let Some(reply) = reply {
+                reply(None);
+            }
+            Ok(true)
         }
         Err(error) => {
             let _ = conn.client.batch_execute("ROLLBACK");
             let error = pg_error(&error);
-            tracing::error!(%error, "commit failed; the group's changes were rolled back");
-            replies
-                .into_iter()
-                .for_each(|reply| reply(Some(error.clone())));
+            tracing::error!(%error, "commit failed; the operation's changes were rolled back");
+            if let Some(reply) = reply {
+                reply(Some(error.clone()));
+            }
             Err(error.to_string())
         }
     }
