@@ -210,6 +210,10 @@ fn a_job_running_when_its_server_dies_is_reported_through_another_server_on_the_
     assert_eq!(ended["state"], "FINISHED", "{ended}");
     assert_eq!(ended["data"]["done"], true, "{ended}");
     let runs = std::fs::read_to_string(shared.path().join("runs")).unwrap();
-    assert_eq!(runs.lines().collect::<Vec<_>>(), [id.to_string()], "ran once");
+    assert_eq!(
+        runs.lines().collect::<Vec<_>>(),
+        [id.to_string()],
+        "ran once"
+    );
     assert_eq!(second.api().outcomes(id), ["finished"]);
 }
