@@ -8,6 +8,7 @@
 
 mod archive_listing;
 mod file_lock;
+mod inbox;
 mod ledger;
 mod listing;
 mod postgres;

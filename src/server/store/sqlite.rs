@@ -6,7 +6,6 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
@@ -86,8 +85,7 @@ pub struct SqliteStore {
     path: PathBuf,
     /// This server's claim on the file, released by [`SqliteStore::close`].
     lock: Mutex<Option<super::file_lock::StoreLock>>,
-    writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
-    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    writer: super::inbox::Inbox,
     readers: Arc<Mutex<Vec<Connection>>>,
     health: WriteHealth,
 }
@@ -117,20 +115,16 @@ impl SqliteStore {
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
         super::schema::migrate(&mut conn)?;
 
-        let (sender, receiver) = mpsc::channel::<WriteOp>();
         let health = WriteHealth::default();
         let writer_health = health.clone();
-        let thread = std::thread::Builder::new()
-            .name("jobmgr-store".into())
-            .spawn(move || write_loop(conn, receiver, &writer_health))
-            .map_err(|e| {
-                StoreOpenError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
-            })?;
+        let writer = super::inbox::Inbox::start("jobmgr-store", move |receiver| {
+            write_loop(conn, receiver, &writer_health)
+        })
+        .map_err(StoreOpenError::Thread)?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
             lock: Mutex::new(Some(lock)),
-            writer: Mutex::new(Some(sender)),
-            writer_thread: Mutex::new(Some(thread)),
+            writer,
             readers: Arc::new(Mutex::new(Vec::new())),
             health,
         })
@@ -144,15 +138,7 @@ impl SqliteStore {
     /// Stops taking writes, lets the writer finish what it has, and waits
     /// for it. Later writes answer `ShuttingDown`.
     pub fn close(&self) {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(thread) = self
-            .writer_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = thread.join();
-        }
+        self.writer.close();
         self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
@@ -169,15 +155,7 @@ impl Store for SqliteStore {
     }
 
     fn submit(&self, op: WriteOp) {
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        match writer.as_ref() {
-            Some(sender) => {
-                if let Err(mpsc::SendError(op)) = sender.send(op) {
-                    refuse(op, JobError::ShuttingDown);
-                }
-            }
-            None => refuse(op, JobError::ShuttingDown),
-        }
+        self.writer.submit(op);
     }
 
     fn submit_read(&self, op: ReadOp) {
@@ -240,12 +218,6 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// Answers an operation that cannot run.
-fn refuse(op: WriteOp, error: JobError) {
-    let (_, reply) = op(&mut FailingTx(error.clone()));
-    reply(Some(error));
-}
-
 /// The writer thread: takes every queued operation (up to [`MAX_GROUP`]),
 /// runs each in a savepoint of one transaction, commits once, then answers
 /// them all. Answers wait for the commit, so an acknowledged write is durable.
@@ -292,14 +264,14 @@ fn run_transaction(
     if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
         let error = store_error(error);
         for op in waiting.drain(..) {
-            refuse(op, error.clone());
+            super::inbox::refuse(op, error.clone());
         }
         return Err(error.to_string());
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(waiting.len());
     while let Some(op) = waiting.pop_front() {
         if let Err(error) = conn.execute_batch("SAVEPOINT op") {
-            refuse(op, store_error(error));
+            super::inbox::refuse(op, store_error(error));
             continue;
         }
         let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut SqliteTx { conn })));

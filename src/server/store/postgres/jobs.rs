@@ -7,6 +7,7 @@
 //! [`StoreTx::children`]).
 
 use postgres::Row;
+use postgres::types::ToSql;
 
 use super::glob::{Params, name_condition};
 use super::{PgTx, corrupt, notify};
@@ -76,8 +77,58 @@ fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-fn data_text(job: &Job) -> Result<String, JobError> {
-    serde_json::to_string(&job.data).map_err(|e| JobError::Store(e.to_string()))
+/// A job's stored values that are not its own fields as they are.
+struct JobValues {
+    data: String,
+    state: &'static str,
+    priority: i64,
+    created: i64,
+    next_run: i64,
+    last_run: Option<i64>,
+    scheduled_run: Option<i64>,
+    lease_token: Option<String>,
+    lease_expires: Option<i64>,
+    lease_term_ms: Option<i64>,
+}
+
+impl JobValues {
+    fn of(job: &Job) -> Result<Self, JobError> {
+        let lease = job.lease.as_ref();
+        Ok(JobValues {
+            data: serde_json::to_string(&job.data).map_err(|e| JobError::Store(e.to_string()))?,
+            state: job.state.as_str(),
+            priority: job.priority.value(),
+            created: job.created.0,
+            next_run: job.next_run.0,
+            last_run: job.last_run.map(|t| t.0),
+            scheduled_run: job.scheduled_run.map(|t| t.0),
+            lease_token: lease.map(|l| l.token.clone()),
+            lease_expires: lease.and_then(|l| l.expires).map(|t| t.0),
+            lease_term_ms: lease.and_then(|l| l.term_ms),
+        })
+    }
+
+    /// The 16 columns after `job_id`, in [`COLUMNS`]' order.
+    fn params<'a>(&'a self, job: &'a Job) -> Vec<&'a (dyn ToSql + Sync)> {
+        vec![
+            &job.name,
+            &self.state,
+            &self.data,
+            &self.priority,
+            &self.created,
+            &self.next_run,
+            &self.last_run,
+            &job.repeat,
+            &job.retry_after,
+            &job.parent_id,
+            &self.scheduled_run,
+            &self.lease_token,
+            &self.lease_expires,
+            &self.lease_term_ms,
+            &job.attempts,
+            &job.lapses,
+        ]
+    }
 }
 
 impl PgTx<'_> {
@@ -99,33 +150,26 @@ impl PgTx<'_> {
     }
 }
 
+impl PgTx<'_> {
+    /// The job with this id, read with `lock` (a locking clause, or "").
+    fn select_job(&mut self, id: JobId, lock: &str) -> Result<Option<Job>, JobError> {
+        let sql = format!("SELECT {COLUMNS} FROM jobs WHERE job_id = $1{lock}");
+        self.query_opt(&sql, &[&id])?
+            .as_ref()
+            .map(read_job)
+            .transpose()
+    }
+}
+
 impl StoreTx for PgTx<'_> {
     fn insert(&mut self, job: &Job) -> Result<JobId, JobError> {
-        let data = data_text(job)?;
-        let lease = job.lease.as_ref();
+        let values = JobValues::of(job)?;
         let row = self.query_opt(
             "INSERT INTO jobs (name, state, data, priority, created, next_run, last_run, repeat, \
              retry_after, parent_id, scheduled_run, lease_token, lease_expires, lease_term_ms, \
              attempts, lapses) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              RETURNING job_id",
-            &[
-                &job.name,
-                &job.state.as_str(),
-                &data,
-                &job.priority.value(),
-                &job.created.0,
-                &job.next_run.0,
-                &job.last_run.map(|t| t.0),
-                &job.repeat,
-                &job.retry_after,
-                &job.parent_id,
-                &job.scheduled_run.map(|t| t.0),
-                &lease.map(|l| l.token.as_str()),
-                &lease.and_then(|l| l.expires).map(|t| t.0),
-                &lease.and_then(|l| l.term_ms),
-                &job.attempts,
-                &job.lapses,
-            ],
+            &values.params(job),
         )?;
         row.ok_or_else(|| JobError::Store("the insert returned no id".into()))?
             .try_get(0)
@@ -136,51 +180,23 @@ impl StoreTx for PgTx<'_> {
         if self.locking {
             self.lock_parent_of(id)?;
         }
-        let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE job_id = $1{}",
-            self.lock_clause()
-        );
-        self.query_opt(&sql, &[&id])?
-            .as_ref()
-            .map(read_job)
-            .transpose()
+        self.select_job(id, self.lock_clause())
     }
 
     fn peek(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
-        let sql = format!("SELECT {COLUMNS} FROM jobs WHERE job_id = $1");
-        self.query_opt(&sql, &[&id])?
-            .as_ref()
-            .map(read_job)
-            .transpose()
+        self.select_job(id, "")
     }
 
     fn update(&mut self, job: &Job) -> Result<(), JobError> {
-        let data = data_text(job)?;
-        let lease = job.lease.as_ref();
+        let values = JobValues::of(job)?;
+        let mut params = values.params(job);
+        params.push(&job.id);
         self.execute(
-            "UPDATE jobs SET name = $2, state = $3, data = $4, priority = $5, created = $6, \
-             next_run = $7, last_run = $8, repeat = $9, retry_after = $10, parent_id = $11, \
-             scheduled_run = $12, lease_token = $13, lease_expires = $14, lease_term_ms = $15, \
-             attempts = $16, lapses = $17 WHERE job_id = $1",
-            &[
-                &job.id,
-                &job.name,
-                &job.state.as_str(),
-                &data,
-                &job.priority.value(),
-                &job.created.0,
-                &job.next_run.0,
-                &job.last_run.map(|t| t.0),
-                &job.repeat,
-                &job.retry_after,
-                &job.parent_id,
-                &job.scheduled_run.map(|t| t.0),
-                &lease.map(|l| l.token.as_str()),
-                &lease.and_then(|l| l.expires).map(|t| t.0),
-                &lease.and_then(|l| l.term_ms),
-                &job.attempts,
-                &job.lapses,
-            ],
+            "UPDATE jobs SET name = $1, state = $2, data = $3, priority = $4, created = $5, \
+             next_run = $6, last_run = $7, repeat = $8, retry_after = $9, parent_id = $10, \
+             scheduled_run = $11, lease_token = $12, lease_expires = $13, lease_term_ms = $14, \
+             attempts = $15, lapses = $16 WHERE job_id = $17",
+            &params,
         )?;
         Ok(())
     }

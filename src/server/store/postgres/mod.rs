@@ -15,14 +15,14 @@ mod schema;
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use postgres::types::ToSql;
 use postgres::{Client, Row, Statement};
 
+use super::inbox::{Inbox, refuse};
 use super::sqlite::FailingTx;
 use super::write_health::WriteHealth;
 use super::{ReadOp, Store, WriteOp};
@@ -38,8 +38,7 @@ const MAX_READERS: u32 = 4;
 /// Jobs in a PostgreSQL database, shared with other servers.
 pub struct PgStore {
     url: String,
-    writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
-    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    writer: Inbox,
     readers: r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>,
     health: WriteHealth,
     clock: Arc<DatabaseClock>,
@@ -71,28 +70,24 @@ impl PgStore {
             .connection_timeout(Duration::from_secs(5))
             .build_unchecked(manager);
         let announcements = Announcements::listen(config.clone(), Arc::clone(&clock));
-        let (sender, receiver) = mpsc::channel::<WriteOp>();
         let health = WriteHealth::default();
         let writer_health = health.clone();
         let writer_clock = Arc::clone(&clock);
         let origin = announcements.origin();
-        let thread = std::thread::Builder::new()
-            .name("jobmgr-pg-store".into())
-            .spawn(move || {
-                let writer = Writer {
-                    config,
-                    conn: Some(Conn::new(client)),
-                    health: writer_health,
-                    clock: writer_clock,
-                    origin,
-                };
-                writer.run(receiver)
-            })
-            .map_err(PgOpenError::Thread)?;
+        let writer = Inbox::start("jobmgr-pg-store", move |receiver| {
+            let writer = Writer {
+                config,
+                conn: Some(Conn::new(client)),
+                health: writer_health,
+                clock: writer_clock,
+                origin,
+            };
+            writer.run(receiver)
+        })
+        .map_err(PgOpenError::Thread)?;
         Ok(PgStore {
             url: redacted(url),
-            writer: Mutex::new(Some(sender)),
-            writer_thread: Mutex::new(Some(thread)),
+            writer,
             readers,
             health,
             clock,
@@ -113,15 +108,7 @@ impl PgStore {
     /// Stops taking writes, lets the writer finish what it has, and waits
     /// for it; stops listening. Later writes answer `ShuttingDown`.
     pub fn close(&self) {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(thread) = self
-            .writer_thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = thread.join();
-        }
+        self.writer.close();
         self.announcements.stop();
     }
 }
@@ -138,15 +125,7 @@ impl Store for PgStore {
     }
 
     fn submit(&self, op: WriteOp) {
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        match writer.as_ref() {
-            Some(sender) => {
-                if let Err(mpsc::SendError(op)) = sender.send(op) {
-                    refuse(op, JobError::ShuttingDown);
-                }
-            }
-            None => refuse(op, JobError::ShuttingDown),
-        }
+        self.writer.submit(op);
     }
 
     fn submit_read(&self, op: ReadOp) {
@@ -188,12 +167,6 @@ impl Store for PgStore {
     fn announcements(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<super::Announcement>> {
         self.announcements.take_receiver()
     }
-}
-
-/// Answers an operation that cannot run.
-fn refuse(op: WriteOp, error: JobError) {
-    let (_, reply) = op(&mut FailingTx(error.clone()));
-    reply(Some(error));
 }
 
 /// The error for a database that cannot be reached.
