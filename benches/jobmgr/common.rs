@@ -67,7 +67,8 @@ pub fn field(ready: &str, key: &str) -> String {
         .to_string()
 }
 
-/// A `jobmgr server` on a fresh file, killed when dropped.
+/// A `jobmgr server` on a fresh SQLite file (or on a PostgreSQL database it
+/// is given), killed when dropped.
 pub struct ServerProcess {
     pub child: Child,
     /// `http://127.0.0.1:PORT`.
@@ -86,6 +87,12 @@ impl ServerProcess {
 
     /// A server with extra `jobmgr server` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_on(None, extra)
+    }
+
+    /// A server on the PostgreSQL database at `db` (a `postgres://` URL),
+    /// or on a fresh SQLite file for `None`, with extra arguments.
+    pub fn start_on(db: Option<&str>, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut command = Command::new(bin());
         command
@@ -96,10 +103,12 @@ impl ServerProcess {
                 "--bedrock",
                 "127.0.0.1:0",
             ])
-            .args(["--metrics", "127.0.0.1:0", "--db"])
-            .arg(dir.path().join("jobs.db"))
-            .args(extra)
-            .env("JOBMGR_LOG", "warn");
+            .args(["--metrics", "127.0.0.1:0", "--db"]);
+        match db {
+            Some(url) => command.arg(url),
+            None => command.arg(dir.path().join("jobs.db")),
+        };
+        command.args(extra).env("JOBMGR_LOG", "warn");
         let (child, ready) = start_ready(command);
         ServerProcess {
             child,
@@ -120,6 +129,201 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The PostgreSQL server the benchmarks use (trust authentication, user
+/// `postgres`): `JOBMGR_BENCH_PG`, by default
+/// `postgres://postgres@127.0.0.1:5432`, as CI and the tests have it.
+pub fn pg_server() -> String {
+    std::env::var("JOBMGR_BENCH_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// Runs `f` on a thread of its own: the `postgres` crate's client blocks on
+/// a runtime of its own, which panics inside another's (the server
+/// measures run in one).
+pub fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| match scope.spawn(f).join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
+/// A connection to `url`; panics saying what the benchmark needs.
+fn pg_connect(url: &str) -> postgres::Client {
+    postgres::Client::connect(url, postgres::NoTls).unwrap_or_else(|e| {
+        panic!(
+            "cannot connect to {url} ({e}); the PostgreSQL measures need PostgreSQL on \
+             127.0.0.1:5432 with trust authentication for the user postgres (or its URL in \
+             JOBMGR_BENCH_PG)"
+        )
+    })
+}
+
+/// A database of its own on [`pg_server`], `jobmgr_bench_<pid>_<n>`,
+/// dropped (`WITH (FORCE)`) when this is dropped: drop the servers on it
+/// first.
+pub struct PgDatabase {
+    name: String,
+    url: String,
+}
+
+impl PgDatabase {
+    pub fn create() -> PgDatabase {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = format!(
+            "jobmgr_bench_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let server = pg_server();
+        off_runtime(|| {
+            let mut client = pg_connect(&format!("{server}/postgres"));
+            // One statement per query: neither may run in a transaction.
+            client
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .unwrap_or_else(|e| panic!("drop a stale database {name}: {e}"));
+            client
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .unwrap_or_else(|e| panic!("create the database {name}: {e}"));
+        });
+        PgDatabase {
+            url: format!("{server}/{name}"),
+            name,
+        }
+    }
+
+    /// Its URL, for `jobmgr server --db`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Runs `sql` (one or more statements) on it.
+    pub fn execute(&self, sql: &str) {
+        off_runtime(|| {
+            pg_connect(&self.url)
+                .batch_execute(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        })
+    }
+
+    /// The first column of the first row of `sql`, as text.
+    pub fn query_text(&self, sql: &str) -> String {
+        off_runtime(|| {
+            pg_connect(&self.url)
+                .simple_query(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"))
+                .into_iter()
+                .find_map(|m| match m {
+                    postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        })
+    }
+
+    /// CPU seconds (user + system) used so far by the PostgreSQL backends
+    /// connected to this database (the servers' connections; the
+    /// cluster's WAL writer, checkpointer and other background processes
+    /// are not counted). A backend that has exited is no longer counted.
+    pub fn backends_cpu_seconds(&self) -> f64 {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return 0.0;
+        };
+        let tag = format!(" {} ", self.name);
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                // A backend's title: "postgres: 15/main: USER DATABASE HOST(PORT) STATE".
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains(&tag))
+                    .unwrap_or(false)
+            })
+            .filter_map(try_cpu_seconds)
+            .sum()
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let name = &self.name;
+        let server = pg_server();
+        let dropped = off_runtime(|| {
+            postgres::Client::connect(&format!("{server}/postgres"), postgres::NoTls).and_then(
+                |mut client| {
+                    client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                },
+            )
+        });
+        if let Err(e) = dropped {
+            eprintln!("could not drop the benchmark database {name}: {e}");
+        }
+    }
+}
+
+/// The store under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// An SQLite file per server (so only one server).
+    Sqlite,
+    /// One PostgreSQL database shared by every server.
+    Postgres,
+}
+
+/// `servers` fresh `jobmgr server`s on one fresh store; the servers are
+/// killed, then the database dropped, when this is dropped.
+pub struct Servers {
+    pub servers: Vec<ServerProcess>,
+    pub database: Option<PgDatabase>,
+}
+
+impl Servers {
+    pub fn start(store: Store, servers: usize) -> Servers {
+        Self::start_with(store, servers, &[])
+    }
+
+    /// With extra `jobmgr server` arguments.
+    pub fn start_with(store: Store, servers: usize, extra: &[&str]) -> Servers {
+        assert!(
+            store == Store::Postgres || servers == 1,
+            "servers cannot share an SQLite file"
+        );
+        let database = (store == Store::Postgres).then(PgDatabase::create);
+        let url = database.as_ref().map(|d| d.url().to_string());
+        Servers {
+            servers: (0..servers)
+                .map(|_| ServerProcess::start_on(url.as_deref(), extra))
+                .collect(),
+            database,
+        }
+    }
+
+    /// The servers' HTTP base URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.url.clone()).collect()
+    }
+
+    /// CPU seconds used so far by the servers.
+    pub fn servers_cpu_seconds(&self) -> f64 {
+        self.servers.iter().map(ServerProcess::cpu_seconds).sum()
+    }
+
+    /// CPU seconds used so far by the database's backends (0 on SQLite,
+    /// whose work is in the server).
+    pub fn database_cpu_seconds(&self) -> f64 {
+        self.database
+            .as_ref()
+            .map_or(0.0, PgDatabase::backends_cpu_seconds)
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        // The servers first: the database is dropped after them.
+        self.servers.clear();
     }
 }
 
@@ -227,15 +431,20 @@ impl Drop for SupervisorProcess {
 
 /// CPU seconds (user + system) process `pid` has used.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let after_name = &stat[stat.rfind(')').expect("comm") + 2..];
+    try_cpu_seconds(pid).expect("/proc/PID/stat")
+}
+
+/// CPU seconds (user + system) process `pid` has used, if it still runs.
+fn try_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
         .unwrap_or(100) as f64;
-    ticks / hz
+    Some(ticks / hz)
 }
 
 /// CLOCK_MONOTONIC now, in nanoseconds (the clock the worker reads).

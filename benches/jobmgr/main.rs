@@ -3,15 +3,24 @@
 //! against queue size, idle waiters) and the supervisor (dispatch latency,
 //! end-to-end throughput next to the raw spawn rate, footprint).
 //!
-//! `cargo bench --bench jobmgr` runs the full set (about 15 minutes on 2
+//! `cargo bench --bench jobmgr` runs the full set (about 20 minutes on 2
 //! cores) and writes the report to `BENCHMARKS.md` (or the file named by
 //! `JOBMGR_BENCH_REPORT`). `JOBMGR_BENCH_SMOKE=1` runs a seconds-long
 //! version that only checks that everything still works; its figures mean
 //! nothing and are not written. `JOBMGR_BENCH_ONLY=http-limits` runs only
 //! the HTTP port's limits section and prints it.
+//!
+//! The PostgreSQL sections need PostgreSQL on 127.0.0.1:5432 with trust
+//! authentication for the user `postgres` (or its URL in `JOBMGR_BENCH_PG`),
+//! in the full run and in the smoke run alike.
+//! `JOBMGR_BENCH_ONLY=postgres` runs only them (about 6 minutes), with the
+//! SQLite figures they compare against measured again in that run, and
+//! replaces only their part of the report, leaving every other section as
+//! the last full run wrote it.
 
 mod common;
 mod limits;
+mod postgres;
 mod server;
 mod supervisor;
 
@@ -28,6 +37,10 @@ pub struct Scale {
     pub queued: [usize; 2],
     /// Dequeues sampled per queue size.
     pub latency_samples: usize,
+    /// Wake-ups of a held dequeue sampled per case.
+    pub wake_samples: usize,
+    /// Dequeues timed on a PostgreSQL queue before it is analyzed.
+    pub before_analyze_samples: usize,
     /// Idle waiting requests on the server.
     pub waiters: usize,
     /// How long idle things are watched.
@@ -47,6 +60,8 @@ const FULL: Scale = Scale {
     cycle_run: Duration::from_secs(5),
     queued: [1_000, 1_000_000],
     latency_samples: 1_000,
+    wake_samples: 300,
+    before_analyze_samples: 30,
     waiters: 1_000,
     idle_watch: Duration::from_secs(60),
     dispatch_samples: 1_000,
@@ -60,6 +75,8 @@ const SMOKE: Scale = Scale {
     cycle_run: Duration::from_millis(500),
     queued: [100, 2_000],
     latency_samples: 50,
+    wake_samples: 10,
+    before_analyze_samples: 5,
     waiters: 50,
     idle_watch: Duration::from_millis(500),
     dispatch_samples: 20,
@@ -76,21 +93,32 @@ fn main() {
     let smoke = std::env::var_os("JOBMGR_BENCH_SMOKE").is_some();
     let scale = if smoke { SMOKE } else { FULL };
     let started = std::time::Instant::now();
-    if std::env::var("JOBMGR_BENCH_ONLY").as_deref() == Ok("http-limits") {
-        println!("{}", limits::report(scale));
-        return;
+    let only = std::env::var("JOBMGR_BENCH_ONLY").ok();
+    match only.as_deref() {
+        None | Some("") => {}
+        Some("http-limits") => {
+            println!("{}", limits::report(scale));
+            return;
+        }
+        Some("postgres") => return only_postgres(scale, smoke, started),
+        Some(other) => panic!(
+            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\" or \"postgres\" (or unset for the full run)"
+        ),
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let mut report = String::new();
     report.push_str("# Benchmarks\n\n");
     report.push_str(&format!("- Machine: {}\n", common::machine()));
     report.push_str("- Command: `cargo bench --bench jobmgr` (regenerates this file)\n");
     report.push_str("- Everything runs on this machine: the release `jobmgr` binaries on fresh SQLite files in temporary directories (WAL, synchronous=FULL: every answered write is on disk), and the clients, over 127.0.0.1. Clients, servers, supervisors and workers share the cores.\n");
     report.push_str("- Spread: median (min–max) over repeated runs, each on fresh processes.\n\n");
-    report.push_str(&runtime.block_on(server::report(scale)));
+    let (server_sections, sqlite) = runtime.block_on(server::report(scale));
+    report.push_str(&server_sections);
+    report.push('\n');
+    report.push_str(&postgres_part(
+        runtime.block_on(postgres::report(scale, &sqlite, FULL_RUN)),
+    ));
+    report.push('\n');
     report.push_str(&limits::report(scale));
     report.push_str(&supervisor::report(scale));
     report.push_str(&format!(
@@ -101,7 +129,83 @@ fn main() {
         println!("{report}\n(smoke run: figures not recorded)");
         return;
     }
-    let path = std::env::var("JOBMGR_BENCH_REPORT").unwrap_or_else(|_| "BENCHMARKS.md".into());
+    let path = report_path();
     std::fs::write(&path, &report).expect("write report");
     println!("{report}\nwritten to {path}");
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn report_path() -> String {
+    std::env::var("JOBMGR_BENCH_REPORT").unwrap_or_else(|_| "BENCHMARKS.md".into())
+}
+
+/// Where the PostgreSQL part of the report begins and ends, so that
+/// `JOBMGR_BENCH_ONLY=postgres` can replace it alone.
+const PG_BEGIN: &str = "<!-- PostgreSQL sections: begin (JOBMGR_BENCH_ONLY=postgres replaces what lies between these marks) -->";
+const PG_END: &str = "<!-- PostgreSQL sections: end -->";
+
+/// What the PostgreSQL part says of its run, in the full run.
+const FULL_RUN: &str =
+    "*Measured in the full run (`cargo bench --bench jobmgr`), like the rest of this file.*";
+
+/// The PostgreSQL sections between their marks.
+fn postgres_part(sections: String) -> String {
+    format!("{PG_BEGIN}\n\n{}\n\n{PG_END}\n", sections.trim_end())
+}
+
+/// `JOBMGR_BENCH_ONLY=postgres`: the PostgreSQL sections and the SQLite
+/// figures they compare against, written into the report in place of the
+/// last PostgreSQL part (or, if it has none, after the server sections),
+/// the rest left as it is.
+fn only_postgres(scale: Scale, smoke: bool, started: std::time::Instant) {
+    let runtime = runtime();
+    let sqlite = runtime.block_on(server::sqlite_figures(scale));
+    let date = chrono::Utc::now().format("%Y-%m-%d");
+    let provenance = format!(
+        "*Measured on {date} by `JOBMGR_BENCH_ONLY=postgres cargo bench --bench jobmgr`, a run of its own that measured only these sections and, in the same run, the SQLite figures they compare against (so they may differ from the SQLite sections above). This run replaced only what lies between this part's marks: every other section of this file is as the run that wrote it left it (the last full run, `cargo bench --bench jobmgr`, whose header and total time are at the top and bottom, unless the section says otherwise).*"
+    );
+    let sections = runtime.block_on(postgres::report(scale, &sqlite, &provenance));
+    let part = postgres_part(sections);
+    if smoke {
+        println!("{part}\n(smoke run: figures not recorded)");
+        return;
+    }
+    let path = report_path();
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let new = splice(&old, &part);
+    std::fs::write(&path, &new).expect("write report");
+    println!(
+        "{part}\nwritten into {path} (its other sections unchanged); the run took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// `report` with its PostgreSQL part replaced by `part`; without one,
+/// `part` goes before the first section that follows the server's (the
+/// HTTP port's limits), else before the closing line, else at the end.
+fn splice(report: &str, part: &str) -> String {
+    if let (Some(begin), Some(end)) = (report.find(PG_BEGIN), report.find(PG_END))
+        && begin < end
+    {
+        let mut end = end + PG_END.len();
+        if report[end..].starts_with('\n') {
+            end += 1;
+        }
+        return format!("{}{part}{}", &report[..begin], &report[end..]);
+    }
+    for anchor in ["\n## The HTTP port under attack", "\nThe whole run took"] {
+        if let Some(at) = report.find(anchor) {
+            return format!("{}{part}{}", &report[..at + 1], &report[at..]);
+        }
+    }
+    if report.is_empty() {
+        return format!("# Benchmarks\n\n{part}");
+    }
+    format!("{}\n\n{part}", report.trim_end())
 }

@@ -247,7 +247,10 @@ impl Queue {
     /// Runs `op` in a durable write transaction, then wakes waiters for the
     /// jobs it made due and sets the timer for those it scheduled. Before
     /// `op` runs, a forward step of the wall clock since the last write is
-    /// made up for in the same transaction (see `steps`).
+    /// made up for in the same transaction (see `steps`); not on a store
+    /// shared with other servers, whose clock is the database's, counted on
+    /// by this machine's monotonic clock (each server would make up for a
+    /// step of it once more).
     pub async fn write<R, F>(&self, op: F) -> Result<R, JobError>
     where
         R: Send + 'static,
@@ -265,7 +268,7 @@ impl Queue {
                 move |store| {
                     let mut tx = Tracked::new(store, clock.now(), gone_after);
                     let (reading, stepped) =
-                        steps::make_up_for_step(&mut tx, &watch, clock.is_scripted())?;
+                        steps::make_up_for_step(&mut tx, &watch, clock.is_scripted() || shared)?;
                     let result = op(&mut tx)?;
                     if shared {
                         tx.announce()?;

@@ -800,12 +800,19 @@ fn lapse_all(
 
 /// Queues again up to `count` FAILED jobs of a failure group, earliest
 /// failure first, as new: due now, with their attempts and lapses counted
-/// afresh. Returns their ids.
+/// afresh. Returns their ids. A job found no longer FAILED once locked
+/// (another server sharing the store retried or deleted it meanwhile) is
+/// left as it is.
 pub fn retry_failed(tx: &mut Tracked, group: &str, count: usize) -> Result<Vec<JobId>, JobError> {
     let now = tx.now;
-    let ids = tx.store().ledger().failed_in_group(group, count)?;
-    for &id in &ids {
-        let mut job = tx.existing(id)?;
+    let mut ids = tx.store().ledger().failed_in_group(group, count)?;
+    // Locked in id order, as every server does.
+    ids.sort_unstable();
+    let mut retried = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(mut job) = tx.get(id)?.filter(|j| j.state == JobState::Failed) else {
+            continue;
+        };
         job.state = JobState::Queued;
         job.next_run = now;
         job.attempts = 0;
@@ -814,16 +821,23 @@ pub fn retry_failed(tx: &mut Tracked, group: &str, count: usize) -> Result<Vec<J
         job.data.remove(RETRY_AFTER_COUNT);
         tx.update(&job)?;
         tx.store().ledger().clear_failure(id)?;
+        retried.push(id);
     }
-    Ok(ids)
+    Ok(retried)
 }
 
 /// Deletes up to `count` FAILED jobs of a failure group, earliest failure
-/// first (their archive entries stay until purged). Returns their ids.
+/// first (their archive entries stay until purged). Returns their ids. A
+/// job found no longer FAILED once locked is left as it is.
 pub fn delete_failed(tx: &mut Tracked, group: &str, count: usize) -> Result<Vec<JobId>, JobError> {
-    let ids = tx.store().ledger().failed_in_group(group, count)?;
-    for &id in &ids {
-        delete(tx, id)?;
+    let mut ids = tx.store().ledger().failed_in_group(group, count)?;
+    ids.sort_unstable();
+    let mut deleted = Vec::with_capacity(ids.len());
+    for id in ids {
+        if tx.get(id)?.is_some_and(|j| j.state == JobState::Failed) {
+            delete(tx, id)?;
+            deleted.push(id);
+        }
     }
-    Ok(ids)
+    Ok(deleted)
 }

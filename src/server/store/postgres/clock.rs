@@ -1,86 +1,76 @@
-//! The database's clock as the one clock of every server on it: each server
-//! measures how far the database's clock is from its own (half a round
-//! trip's error), again every few seconds, and reads the time as its own
-//! clock plus that offset. Skew between server machines then changes
-//! nothing: due times and leases are judged by the database's time.
+//! The database's clock as the one clock of every server on it. Each
+//! server reads the database's time (half a round trip's error) and counts
+//! on from it with its own monotonic clock, reading it again every few
+//! seconds. This machine's wall clock plays no part: its skew, or a step of
+//! it, changes nothing; due times and leases are judged by the database's
+//! time.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use postgres::Client;
 
 use crate::protocol::Timestamp;
 
-/// How often the offset is measured again.
+/// How often the database's time is read again.
 const REMEASURE_EVERY: Duration = Duration::from_secs(10);
 
-/// The database's clock, read through this machine's.
+/// The database's clock, as read at one moment of this machine's
+/// monotonic clock.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    database_ms: i64,
+    at: Instant,
+}
+
+/// The database's time: the last reading plus the monotonic time since.
 #[derive(Debug)]
 pub struct DatabaseClock {
-    /// This machine's clock (ms since the epoch).
-    local: fn() -> i64,
-    /// Milliseconds to add to this machine's clock.
-    offset_ms: AtomicI64,
-    measured: Mutex<Instant>,
+    last: Mutex<Reading>,
 }
 
-fn local_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// The offset of the database's clock from `local`, in ms.
-fn offset(client: &mut Client, local: fn() -> i64) -> Result<i64, postgres::Error> {
-    let before = local();
+/// Reads the database's time, dated at the middle of the round trip.
+fn read(client: &mut Client) -> Result<Reading, postgres::Error> {
+    let before = Instant::now();
     let row = client.query_one(
         "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
         &[],
     )?;
-    let after = local();
-    let database: i64 = row.get(0);
-    Ok(database - (before + after) / 2)
+    let after = Instant::now();
+    Ok(Reading {
+        database_ms: row.get(0),
+        at: before + (after - before) / 2,
+    })
 }
 
 impl DatabaseClock {
-    /// Measures the offset on `client`.
+    /// Reads the database's time on `client`.
     pub(super) fn measure(client: &mut Client) -> Result<Self, postgres::Error> {
-        Self::measure_against(client, local_ms)
-    }
-
-    /// Measures the offset on `client` from the clock `local`.
-    fn measure_against(client: &mut Client, local: fn() -> i64) -> Result<Self, postgres::Error> {
-        let offset = offset(client, local)?;
-        if offset.abs() > 1_000 {
+        let reading = read(client)?;
+        let clock = DatabaseClock {
+            last: Mutex::new(reading),
+        };
+        let skew = clock.now().0 - crate::protocol::Timestamp::now().0;
+        if skew.abs() > 1_000 {
             tracing::warn!(
-                offset_ms = offset,
+                skew_ms = skew,
                 "this machine's clock is off from the database's; jobmgr goes by the database's"
             );
         }
-        Ok(DatabaseClock {
-            local,
-            offset_ms: AtomicI64::new(offset),
-            measured: Mutex::new(Instant::now()),
-        })
+        Ok(clock)
     }
 
-    /// Measures again on `client`.
+    /// Reads the database's time again on `client`.
     pub(super) fn remeasure(&self, client: &mut Client) -> Result<(), postgres::Error> {
-        let offset = offset(client, self.local)?;
-        self.offset_ms.store(offset, Ordering::Relaxed);
-        *self.measured.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        let reading = read(client)?;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = reading;
         Ok(())
     }
 
-    /// Measures again on `client` if the last measure is old.
+    /// Reads the database's time again on `client` if the last reading is
+    /// old.
     pub(super) fn refresh_if_due(&self, client: Option<&mut Client>) {
-        let due = self
-            .measured
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .elapsed()
-            >= REMEASURE_EVERY;
+        let due = self.reading().at.elapsed() >= REMEASURE_EVERY;
         if let (true, Some(client)) = (due, client)
             && let Err(error) = self.remeasure(client)
         {
@@ -88,14 +78,14 @@ impl DatabaseClock {
         }
     }
 
-    /// The database's time now.
-    pub fn now(&self) -> Timestamp {
-        Timestamp((self.local)() + self.offset_ms.load(Ordering::Relaxed))
+    fn reading(&self) -> Reading {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Milliseconds added to this machine's clock.
-    pub fn offset_ms(&self) -> i64 {
-        self.offset_ms.load(Ordering::Relaxed)
+    /// The database's time now.
+    pub fn now(&self) -> Timestamp {
+        let reading = self.reading();
+        Timestamp(reading.database_ms + reading.at.elapsed().as_millis() as i64)
     }
 }
 
@@ -103,27 +93,16 @@ impl DatabaseClock {
 mod tests {
     use super::*;
 
-    /// This machine's clock an hour fast, as a badly set server would be.
-    fn an_hour_fast() -> i64 {
-        local_ms() + 3_600_000
-    }
-
     fn database_ms(client: &mut Client) -> i64 {
-        client
-            .query_one(
-                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-                &[],
-            )
-            .unwrap()
-            .get(0)
+        read(client).unwrap().database_ms
     }
 
     /// On the project's machines PostgreSQL runs on 127.0.0.1:5432; only
-    /// the clock is read (no database is made).
+    /// the clock is read (no database is made). This machine's wall clock
+    /// is not read at all, so its skew cannot matter.
     #[test]
-    fn a_server_whose_clock_is_an_hour_fast_reads_the_databases_time() {
-        // The sync client blocks on a runtime of its own: not in a test
-        // runtime, and off the test thread's.
+    fn the_clock_reads_the_databases_time_and_counts_on_from_it() {
+        // The sync client blocks on a runtime of its own: off the test's.
         let mut client = std::thread::spawn(|| {
             Client::connect(
                 "postgres://postgres@127.0.0.1:5432/postgres",
@@ -133,21 +112,17 @@ mod tests {
         .join()
         .unwrap()
         .expect("PostgreSQL on 127.0.0.1:5432 (trust authentication for postgres)");
-        let clock = DatabaseClock::measure_against(&mut client, an_hour_fast).unwrap();
-        let offset = clock.offset_ms();
-        assert!(
-            (-3_600_000 - 1_000..=-3_600_000 + 1_000).contains(&offset),
-            "offset {offset} ms"
-        );
+        let clock = DatabaseClock::measure(&mut client).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
         let before = database_ms(&mut client);
         let read = clock.now().0;
         let after = database_ms(&mut client);
-        // Within the round trips' error, not an hour off.
+        // Within the round trips' error: it counted on from the reading.
         assert!(
-            (before - 1_000..=after + 1_000).contains(&read),
+            (before - 100..=after + 100).contains(&read),
             "read {read}, database between {before} and {after}"
         );
         clock.remeasure(&mut client).unwrap();
-        assert!((clock.now().0 - database_ms(&mut client)).abs() < 1_000);
+        assert!((clock.now().0 - database_ms(&mut client)).abs() < 100);
     }
 }

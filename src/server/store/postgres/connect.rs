@@ -70,6 +70,15 @@ pub(super) fn parse(url: &str) -> Result<postgres::Config, PgOpenError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
+    // Every statement planned for its own values: a claim's best plan
+    // depends on its name pattern and on how many jobs are queued, and a
+    // generic plan (chosen after five runs) walked the name index across a
+    // whole prefix and sorted, on every dequeue.
+    let options = match config.get_options() {
+        Some(given) => format!("{given} -c plan_cache_mode=force_custom_plan"),
+        None => "-c plan_cache_mode=force_custom_plan".into(),
+    };
+    config.options(&options);
     // A dead peer is noticed by the kernel, not after hours.
     config.keepalives(true);
     config.keepalives_idle(Duration::from_secs(10));

@@ -148,9 +148,67 @@ fn archive_sql(query: &ArchiveQuery) -> (String, Params) {
     (sql, params)
 }
 
+/// A statistics event held until the end of its operation. Each event locks
+/// the row of its hour; an operation that hands out jobs of several names
+/// would lock them in hand-out order, and two such operations on two
+/// servers deadlocked. Written together at the end, sorted by row, every
+/// operation takes them in one order: supervisors' rows after the names'.
+#[derive(Debug)]
+pub(super) enum Deferred {
+    /// [`LedgerTx::add_stats`].
+    Stats {
+        name: String,
+        hour: i64,
+        delta: StatsDelta,
+    },
+    /// [`LedgerTx::add_worker_stats`].
+    WorkerStats {
+        worker: String,
+        hour: i64,
+        delta: WorkerDelta,
+    },
+}
+
+impl Deferred {
+    fn key(&self) -> (u8, &str, i64) {
+        match self {
+            Deferred::Stats { name, hour, .. } => (0, name, *hour),
+            Deferred::WorkerStats { worker, hour, .. } => (1, worker, *hour),
+        }
+    }
+}
+
+impl PgTx<'_> {
+    /// Writes the statistics events held back, in row order (the same rows
+    /// keep the order of their events).
+    pub(super) fn write_deferred(&mut self) -> Result<(), JobError> {
+        let mut events = std::mem::take(&mut self.deferred);
+        events.sort_by(|a, b| a.key().cmp(&b.key()));
+        for event in &events {
+            match event {
+                Deferred::Stats { name, hour, delta } => {
+                    ledger_stats::add_stats(self, name, *hour, delta)?
+                }
+                Deferred::WorkerStats {
+                    worker,
+                    hour,
+                    delta,
+                } => ledger_stats::add_worker_stats(self, worker, *hour, delta)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 impl LedgerTx for PgTx<'_> {
     fn add_stats(&mut self, name: &str, hour: i64, delta: &StatsDelta) -> Result<(), JobError> {
-        ledger_stats::add_stats(self, name, hour, delta)
+        // Written at the end of the operation, in key order (see `Deferred`).
+        self.deferred.push(Deferred::Stats {
+            name: name.to_string(),
+            hour,
+            delta: delta.clone(),
+        });
+        Ok(())
     }
 
     fn stats(
@@ -168,7 +226,12 @@ impl LedgerTx for PgTx<'_> {
         hour: i64,
         delta: &WorkerDelta,
     ) -> Result<(), JobError> {
-        ledger_stats::add_worker_stats(self, worker, hour, delta)
+        self.deferred.push(Deferred::WorkerStats {
+            worker: worker.to_string(),
+            hour,
+            delta: delta.clone(),
+        });
+        Ok(())
     }
 
     fn worker_stats(
@@ -586,6 +649,11 @@ impl LedgerTx for PgTx<'_> {
              (SELECT 1 FROM attempts a WHERE a.worker = w.worker AND a.ended IS NULL)",
             &[&before],
         )?;
+        // The claim's plan rests on the queue's statistics: without them
+        // (a burst of creates, autovacuum off or not yet round) PostgreSQL
+        // may scan every ready job on each dequeue. ANALYZE samples a
+        // bounded number of rows and blocks neither reads nor writes.
+        self.execute("ANALYZE jobs", &[])?;
         Ok(PurgeCounts {
             archived,
             failed,

@@ -151,6 +151,7 @@ impl Store for PgStore {
                     cache: &mut cache,
                     locking: false,
                     origin: 0,
+                    deferred: Vec::new(),
                 })
             }));
             let _ = client.batch_execute("COMMIT");
@@ -238,6 +239,8 @@ pub(super) struct PgTx<'c> {
     pub(super) locking: bool,
     /// This server's id in announcements to the others.
     pub(super) origin: u64,
+    /// Statistics events to write at the end of the operation.
+    deferred: Vec<ledger::Deferred>,
 }
 
 impl PgTx<'_> {
@@ -388,14 +391,14 @@ impl Writer {
 /// it back if the operation failed) and answers it. Returns whether a
 /// change was committed, or why the transaction failed.
 fn run_transaction(conn: &mut Conn, op: WriteOp, origin: u64) -> Result<bool, String> {
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        op(&mut PgTx {
-            client: &mut conn.client,
-            cache: &mut conn.cache,
-            locking: true,
-            origin,
-        })
-    }));
+    let mut tx = PgTx {
+        client: &mut conn.client,
+        cache: &mut conn.cache,
+        locking: true,
+        origin,
+        deferred: Vec::new(),
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut tx)));
     let (keep, reply) = match outcome {
         Ok((keep, reply)) => (keep, Some(reply)),
         Err(_) => {
@@ -403,6 +406,14 @@ fn run_transaction(conn: &mut Conn, op: WriteOp, origin: u64) -> Result<bool, St
             (false, None)
         }
     };
+    let deferred = if keep { tx.write_deferred() } else { Ok(()) };
+    if let Err(error) = deferred {
+        let _ = conn.client.batch_execute("ROLLBACK");
+        if let Some(reply) = reply {
+            reply(Some(error.clone()));
+        }
+        return Err(error.to_string());
+    }
     if !keep {
         let _ = conn.client.batch_execute("ROLLBACK");
         if let Some(reply) = reply {
