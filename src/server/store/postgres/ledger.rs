@@ -229,7 +229,7 @@ impl LedgerTx for PgTx<'_> {
         self.deferred.push(Deferred::WorkerStats {
             worker: worker.to_string(),
             hour,
-            delta: delta.clone(),
+            delta: *delta,
         });
         Ok(())
     }
