@@ -108,7 +108,7 @@ impl Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the job server (SQLite store, HTTP API).
+    /// Run the job server (an SQLite file or a PostgreSQL database; HTTP API and Bedrock port).
     Server(Box<ServerArgs>),
     /// Create, take, inspect and report on jobs of a running server.
     Job(JobArgs),

@@ -28,9 +28,10 @@ impl LocalSource {
 fn source_error(error: JobError) -> SourceError {
     match error {
         JobError::LeaseLost(id) => SourceError::LeaseLost(id),
-        JobError::Store(_) | JobError::StoreUnavailable(_) | JobError::ShuttingDown => {
-            SourceError::Unavailable(error.to_string())
-        }
+        JobError::Store(_)
+        | JobError::StoreUnavailable(_)
+        | JobError::StoreOutcomeUnknown
+        | JobError::ShuttingDown => SourceError::Unavailable(error.to_string()),
         JobError::NoSuchJob => SourceError::NotFound(error.status_line()),
         other => SourceError::Refused(other.status_line()),
     }

@@ -121,6 +121,12 @@ pub enum JobError {
         "Job store unavailable: {0}; nothing was changed: retry shortly or against another server"
     )]
     StoreUnavailable(String),
+    /// The store's connection was lost while it committed: the command may
+    /// or may not have been done.
+    #[error(
+        "Job store outcome unknown: the connection to the job store was lost while committing; the command may have been done: look before sending it again (a create with an idempotency key is safe to resend)"
+    )]
+    StoreOutcomeUnknown,
     /// The server is shutting down and takes no more commands.
     #[error("Server is shutting down; retry against another server or after restart")]
     ShuttingDown,
@@ -142,7 +148,7 @@ impl JobError {
             | OutstandingChildren => 405,
             LeaseLost(_) | IdempotencyKeyReused(_) => 409,
             UnrecognizedCommand => 430,
-            Store(_) => 502,
+            Store(_) | StoreOutcomeUnknown => 502,
             StoreUnavailable(_) | ShuttingDown => 503,
         }
     }
@@ -184,6 +190,7 @@ impl JobError {
                     UnrecognizedCommand => "unrecognized_command",
                     Store(_) => "store_failed",
                     StoreUnavailable(_) => "store_unavailable",
+                    StoreOutcomeUnknown => "store_outcome_unknown",
                     ShuttingDown => "shutting_down",
                     Missing(_) | Malformed(_) | ControlCharacter(_) => {
                         unreachable!("handled above")

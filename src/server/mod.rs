@@ -107,10 +107,10 @@ pub enum StoreLocation {
 impl StoreLocation {
     /// Reads a `--db` value.
     pub fn of(db: &std::path::Path) -> Self {
-        match db.to_str() {
-            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                StoreLocation::Postgres(url.to_string())
-            }
+        let text = db.to_string_lossy();
+        let scheme = text.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("postgres" | "postgresql") => StoreLocation::Postgres(text.into_owned()),
             _ => StoreLocation::Sqlite(db.to_path_buf()),
         }
     }
@@ -249,6 +249,14 @@ impl Server {
         let location = StoreLocation::of(&config.db);
         let (store, shared, database_clock): (OpenStore, Arc<dyn store::Store>, _) = match &location
         {
+            StoreLocation::Sqlite(path) if path.to_string_lossy().contains("://") => {
+                // A URL of another kind, not a file to make.
+                return Err(store::PgOpenError::Url {
+                    url: store::postgres_url_redacted(&path.to_string_lossy()),
+                    reason: "jobs are kept in an SQLite file (a path) or in PostgreSQL".into(),
+                }
+                .into());
+            }
             StoreLocation::Sqlite(path) => {
                 let store = Arc::new(SqliteStore::open(path)?);
                 (OpenStore::Sqlite(store.clone()), store, None)

@@ -290,6 +290,9 @@ fn retry_after_count(data: &Data) -> i64 {
 /// hand-out does not count.
 pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usize, JobError> {
     let mut returned = 0;
+    // Locked in id order (see `requeue`).
+    let mut handouts: Vec<&HandOut> = handouts.iter().collect();
+    handouts.sort_by_key(|h| h.job.id);
     for handout in handouts {
         let Some(current) = tx.get(handout.job.id)? else {
             continue;
@@ -672,7 +675,12 @@ pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
         check_name(name)?;
     }
     let mut requeued = 0;
-    for &id in &cmd.ids {
+    // Locked in id order, whatever order the client gave: two requests
+    // naming the same jobs through two servers must not wait on each other.
+    let mut ids = cmd.ids.clone();
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
         let Some(mut job) = tx.get(id)? else { continue };
         job.state = JobState::Queued;
         job.next_run = job.created;

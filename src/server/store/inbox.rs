@@ -11,6 +11,9 @@ use super::WriteOp;
 use super::sqlite::FailingTx;
 use crate::protocol::JobError;
 
+/// How long closing waits for the writer to finish what it has.
+const CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A writer thread and the queue it takes its operations from.
 pub(super) struct Inbox {
     sender: Mutex<Option<mpsc::Sender<WriteOp>>>,
@@ -48,11 +51,26 @@ impl Inbox {
     }
 
     /// Takes no more operations, lets the writer finish those queued, and
-    /// waits for it.
+    /// waits for it, for up to [`CLOSE_WITHIN`]: a writer stuck on a store
+    /// that stopped answering is left behind (its operations were not
+    /// answered, so nothing acknowledged is lost) rather than holding the
+    /// process's exit.
     pub(super) fn close(&self) {
         self.sender.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let until = std::time::Instant::now() + CLOSE_WITHIN;
+        while !thread.is_finished() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if thread.is_finished() {
             let _ = thread.join();
+        } else {
+            tracing::error!(
+                secs = CLOSE_WITHIN.as_secs(),
+                "the job store's writer did not finish its operations in time; stopping without it (they were not answered)"
+            );
         }
     }
 }

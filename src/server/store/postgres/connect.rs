@@ -57,8 +57,21 @@ impl PgOpenError {
     }
 }
 
+/// Settings of every session: each statement planned for its own values
+/// (see [`parse`]), and no statement (nor lock wait) longer than a minute,
+/// so that a database that stops answering fails requests instead of
+/// holding them.
+const SESSION_SETTINGS: &str =
+    "-c plan_cache_mode=force_custom_plan -c statement_timeout=60s -c lock_timeout=30s";
+
 /// Reads a `postgres://` URL (or key=value string).
 pub(super) fn parse(url: &str) -> Result<postgres::Config, PgOpenError> {
+    // The scheme in any case, as URLs allow (the client wants it lower).
+    let url = match url.split_once("://") {
+        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        None => url.to_string(),
+    };
+    let url = url.as_str();
     let mut config: postgres::Config =
         url.parse().map_err(|e: postgres::Error| PgOpenError::Url {
             url: redacted(url),
@@ -75,13 +88,18 @@ pub(super) fn parse(url: &str) -> Result<postgres::Config, PgOpenError> {
     // generic plan (chosen after five runs) walked the name index across a
     // whole prefix and sorted, on every dequeue.
     let options = match config.get_options() {
-        Some(given) => format!("{given} -c plan_cache_mode=force_custom_plan"),
-        None => "-c plan_cache_mode=force_custom_plan".into(),
+        Some(given) => format!("{given} {SESSION_SETTINGS}"),
+        None => SESSION_SETTINGS.into(),
     };
     config.options(&options);
-    // A dead peer is noticed by the kernel, not after hours.
+    // A dead peer or a silent network is noticed within about half a
+    // minute, not after the kernel's retransmissions (a quarter of an
+    // hour): requests answer 503 meanwhile instead of hanging.
     config.keepalives(true);
     config.keepalives_idle(Duration::from_secs(10));
+    config.keepalives_interval(Duration::from_secs(5));
+    config.keepalives_retries(3);
+    config.tcp_user_timeout(Duration::from_secs(30));
     Ok(config)
 }
 
@@ -94,13 +112,23 @@ pub fn redacted(url: &str) -> String {
             url.to_string()
         };
     };
-    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => format!("{user}@{host}"),
-        },
-        None => authority.to_string(),
+    // The client takes the credentials up to the first `@`, whatever they
+    // hold (a password may contain `/`, `?` or `:`).
+    let (authority, tail) = match rest.split_once('@') {
+        Some((user, after)) => {
+            let user = match user.split_once(':') {
+                Some((name, _)) => format!("{name}:***"),
+                None => user.to_string(),
+            };
+            let split = after.find(['/', '?']).unwrap_or(after.len());
+            let (host, tail) = after.split_at(split);
+            (format!("{user}@{host}"), tail)
+        }
+        None => {
+            let split = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (host, tail) = rest.split_at(split);
+            (host.to_string(), tail)
+        }
     };
     let tail = if tail.contains("password=") {
         tail.split('&')
@@ -168,7 +196,13 @@ pub(super) fn with_backoff(
             Ok(client) => return Ok(client),
             Err(error) => {
                 let why = reason(&error);
-                let final_refusal = error.as_db_error().is_some();
+                // Only a refusal that waiting cannot mend ends the start: a
+                // wrong password or user, a missing database. A database
+                // starting up or out of connections is waited for.
+                let final_refusal = error.as_db_error().is_some_and(|db| {
+                    let code = db.code().code();
+                    code.starts_with("28") || code == "3D000"
+                });
                 let out_of_time =
                     give_up_after.is_some_and(|limit| started.elapsed() + delay > limit);
                 if final_refusal || out_of_time || cancelled.load(Ordering::Relaxed) {
@@ -209,6 +243,17 @@ mod tests {
         );
         assert_eq!(redacted("postgresql://db/jobs"), "postgresql://db/jobs");
         assert!(!redacted("host=db password=s3cret").contains("s3cret"));
+        for url in [
+            "postgres://app:my?secret@db/jobs",
+            "postgres://app:my/secret@db/jobs",
+            "postgres://app:a@b@db/jobs",
+        ] {
+            let shown = redacted(url);
+            assert!(
+                !shown.contains("secret") && !shown.contains("a@b"),
+                "{shown}"
+            );
+        }
     }
 
     #[test]

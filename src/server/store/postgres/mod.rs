@@ -436,8 +436,15 @@ fn run_transaction(conn: &mut Conn, op: WriteOp, origin: u64) -> Result<bool, St
         }
         Err(error) => {
             let _ = conn.client.batch_execute("ROLLBACK");
-            let error = pg_error(&error);
-            tracing::error!(%error, "commit failed; the operation's changes were rolled back");
+            // A commit refused by the database was rolled back; one whose
+            // connection was lost may have been done.
+            let error = match pg_error(&error) {
+                JobError::StoreUnavailable(_) if error.as_db_error().is_none() => {
+                    JobError::StoreOutcomeUnknown
+                }
+                other => other,
+            };
+            tracing::error!(%error, "commit failed");
             if let Some(reply) = reply {
                 reply(Some(error.clone()));
             }

@@ -191,12 +191,19 @@ pub enum SchemaError {
     },
 }
 
-/// Brings the database up to [`CURRENT_VERSION`], one transaction per
-/// migration. Refuses a database written by a newer jobmgr.
+/// Brings the database up to [`CURRENT_VERSION`], every migration in one
+/// transaction (a failure leaves the database as it was). Refuses a
+/// database written by a newer jobmgr.
 pub fn migrate(client: &mut Client) -> Result<(), SchemaError> {
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
-    tx.batch_execute("CREATE TABLE IF NOT EXISTS jobmgr_schema (version BIGINT NOT NULL)")?;
+    // Looked for first: `IF NOT EXISTS` logs a notice at every start.
+    let exists: bool = tx
+        .query_one("SELECT to_regclass('jobmgr_schema') IS NOT NULL", &[])?
+        .get(0);
+    if !exists {
+        tx.batch_execute("CREATE TABLE jobmgr_schema (version BIGINT NOT NULL)")?;
+    }
     let version: i64 = match tx.query_opt("SELECT version FROM jobmgr_schema", &[])? {
         Some(row) => row.get(0),
         None => {
