@@ -57,12 +57,10 @@ impl PgOpenError {
     }
 }
 
-/// Settings of every session: each statement planned for its own values
-/// (see [`parse`]), and no statement (nor lock wait) longer than a minute,
-/// so that a database that stops answering fails requests instead of
-/// holding them.
-const SESSION_SETTINGS: &str =
-    "-c plan_cache_mode=force_custom_plan -c statement_timeout=60s -c lock_timeout=30s";
+/// Settings of every session: no statement longer than a minute, no lock
+/// waited for longer than half a minute, so that a database that stops
+/// answering fails requests instead of holding them.
+const SESSION_SETTINGS: &str = "-c statement_timeout=60s -c lock_timeout=30s";
 
 /// Reads a `postgres://` URL (or key=value string).
 pub(super) fn parse(url: &str) -> Result<postgres::Config, PgOpenError> {
@@ -83,10 +81,6 @@ pub(super) fn parse(url: &str) -> Result<postgres::Config, PgOpenError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
-    // Every statement planned for its own values: a claim's best plan
-    // depends on its name pattern and on how many jobs are queued, and a
-    // generic plan (chosen after five runs) walked the name index across a
-    // whole prefix and sorted, on every dequeue.
     let options = match config.get_options() {
         Some(given) => format!("{given} {SESSION_SETTINGS}"),
         None => SESSION_SETTINGS.into(),
