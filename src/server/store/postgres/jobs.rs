@@ -290,7 +290,7 @@ impl StoreTx for PgTx<'_> {
             let mut refs = params.refs();
             refs[0] = &p;
             refs[2] = &wanted;
-            found.extend(read_jobs(self.query_planned(&sql, &refs)?)?);
+            found.extend(read_jobs(self.query(&sql, &refs)?)?);
         }
         Ok(found)
     }

@@ -266,20 +266,6 @@ impl PgTx<'_> {
             .map_err(|e| pg_error(&e))
     }
 
-    /// Runs a query planned for these parameters' values, every time (an
-    /// unnamed statement, never cached). For the claim: its best plan
-    /// depends on its name pattern and on how many jobs are queued, and the
-    /// generic plan PostgreSQL settles on for a cached statement walked the
-    /// name index across a whole prefix and sorted, on every dequeue.
-    /// Planning every statement so cost a third of the throughput.
-    pub(super) fn query_planned(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, JobError> {
-        self.client.query(sql, params).map_err(|e| pg_error(&e))
-    }
-
     /// Runs a query that returns at most one row.
     pub(super) fn query_opt(
         &mut self,
