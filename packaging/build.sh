@@ -44,6 +44,7 @@ strip -o "$out/jobmgr" "$bin"
 "$out/jobmgr" completions zsh >"$out/_jobmgr"
 "$out/jobmgr" completions fish >"$out/jobmgr.fish"
 "$out/jobmgr" man | gzip -9n >"$out/jobmgr.1.gz"
+"$out/jobmgr" bwm-php-runner >"$out/bwm-php-runner.php"
 
 rm -f "$out"/*.deb "$out"/*.rpm
 cargo deb --no-build --no-strip --locked --output "$out/" "$@"

@@ -50,7 +50,8 @@ trap cleanup EXIT
 # What both packages must install.
 files="/usr/bin/jobmgr /etc/jobmgr/jobmgr.toml
 /usr/share/bash-completion/completions/jobmgr /usr/share/fish/vendor_completions.d/jobmgr.fish
-/usr/share/man/man1/jobmgr.1.gz /usr/share/doc/jobmgr/examples/pool.toml"
+/usr/share/man/man1/jobmgr.1.gz /usr/share/doc/jobmgr/examples/pool.toml
+/usr/share/jobmgr/bwm-php-runner.php"
 units="jobmgr.service jobmgr@.service jobmgr-server.service"
 
 step "deb: metadata"
@@ -89,6 +90,11 @@ libc6=$(dpkg-deb -f "$deb" Depends | sed -n 's/.*libc6 (>= \([0-9.]*\)).*/\1/p')
 [ -n "$libc6" ] || fail "the deb does not depend on libc6 (>= VERSION)"
 [ "$(printf '%s\n2.28\n' "$libc6" | sort -V | tail -1)" = 2.28 ] ||
     fail "the deb depends on libc6 >= $libc6, more than 2.28"
+
+step "the packaged PHP runner is the binary's own"
+"$tmp/deb-files/usr/bin/jobmgr" bwm-php-runner |
+    cmp - "$tmp/deb-files/usr/share/jobmgr/bwm-php-runner.php" ||
+    fail "/usr/share/jobmgr/bwm-php-runner.php differs from \`jobmgr bwm-php-runner\`"
 
 step "rpm: metadata"
 rpm -qip "$rpm"

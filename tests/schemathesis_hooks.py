@@ -3,7 +3,10 @@
 A dequeue may wait up to an hour (`waitMs`, which the document allows up
 to 3,600,000) for a job to be due. That is correct, and the long-poll
 tests in tests/integration cover it; here it would only make the run take
-hours. Waits are cut to 200 ms.
+hours. Waits are cut to 200 ms. For the same reason an event stream
+(`GET /events`, endless without `durationMs`) is given `durationMs` of at
+most 200 ms; a durationMs that is not a number in range is sent as
+generated, to be refused.
 
 A body of nothing but whitespace is read as no body at all (as `{}`), which
 the document allows where the request body is optional (`POST /purge`, the
@@ -38,6 +41,7 @@ def filter_body(context, body):
 
 @schemathesis.hook
 def before_call(context, case, kwargs):
+    _cut_event_stream(case)
     body = case.body
     if (
         isinstance(body, dict)
@@ -46,3 +50,17 @@ def before_call(context, case, kwargs):
         and body["waitMs"] > LONGEST_WAIT_MS
     ):
         body["waitMs"] = LONGEST_WAIT_MS
+
+
+def _cut_event_stream(case):
+    if getattr(case.operation, "path", None) != "/events":
+        return
+    query = dict(case.query or {})
+    duration = query.get("durationMs")
+    if duration is None or (
+        isinstance(duration, int)
+        and not isinstance(duration, bool)
+        and duration > LONGEST_WAIT_MS
+    ):
+        query["durationMs"] = LONGEST_WAIT_MS
+        case.query = query

@@ -8,7 +8,8 @@
 //! `JOBMGR_BENCH_REPORT`). `JOBMGR_BENCH_SMOKE=1` runs a seconds-long
 //! version that only checks that everything still works; its figures mean
 //! nothing and are not written. `JOBMGR_BENCH_ONLY=http-limits` runs only
-//! the HTTP port's limits section and prints it.
+//! the HTTP port's limits section and prints it; `JOBMGR_BENCH_ONLY=events`
+//! the event streams' section.
 //!
 //! The PostgreSQL sections need PostgreSQL on 127.0.0.1:5432 with trust
 //! authentication for the user `postgres` (or its URL in `JOBMGR_BENCH_PG`),
@@ -17,8 +18,14 @@
 //! SQLite figures they compare against measured again in that run, and
 //! replaces only their part of the report, leaving every other section as
 //! the last full run wrote it.
+//!
+//! `JOBMGR_BENCH_ONLY=dependencies` runs only the dequeue latency with 10^5
+//! jobs waiting on dependencies (both stores, a few minutes) and replaces
+//! only its section of the report.
 
 mod common;
+mod dependencies;
+mod events;
 mod limits;
 mod postgres;
 mod server;
@@ -53,6 +60,9 @@ pub struct Scale {
     pub rss_jobs: usize,
     /// RSS readings over those jobs.
     pub rss_rounds: usize,
+    /// Jobs waiting on dependencies in the dequeue-latency measure beside
+    /// them.
+    pub dependency_waiting: usize,
 }
 
 const FULL: Scale = Scale {
@@ -68,6 +78,7 @@ const FULL: Scale = Scale {
     throughput_jobs: 2_000,
     rss_jobs: 100_000,
     rss_rounds: 10,
+    dependency_waiting: 100_000,
 };
 
 const SMOKE: Scale = Scale {
@@ -83,6 +94,7 @@ const SMOKE: Scale = Scale {
     throughput_jobs: 40,
     rss_jobs: 200,
     rss_rounds: 2,
+    dependency_waiting: 2_000,
 };
 
 fn main() {
@@ -101,8 +113,13 @@ fn main() {
             return;
         }
         Some("postgres") => return only_postgres(scale, smoke, started),
+        Some("dependencies") => return only_dependencies(scale, smoke, started),
+        Some("events") => {
+            println!("{}", runtime().block_on(events::report(scale)));
+            return;
+        }
         Some(other) => panic!(
-            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\" or \"postgres\" (or unset for the full run)"
+            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\" or \"events\" (or unset for the full run)"
         ),
     }
     let runtime = runtime();
@@ -115,8 +132,14 @@ fn main() {
     let (server_sections, sqlite) = runtime.block_on(server::report(scale));
     report.push_str(&server_sections);
     report.push('\n');
+    report.push_str(&runtime.block_on(events::report(scale)));
+    report.push('\n');
     report.push_str(&postgres_part(
         runtime.block_on(postgres::report(scale, &sqlite, FULL_RUN)),
+    ));
+    report.push('\n');
+    report.push_str(&dependencies_part(
+        runtime.block_on(dependencies::report(scale)),
     ));
     report.push('\n');
     report.push_str(&limits::report(scale));
@@ -208,4 +231,49 @@ fn splice(report: &str, part: &str) -> String {
         return format!("# Benchmarks\n\n{part}");
     }
     format!("{}\n\n{part}", report.trim_end())
+}
+
+/// Where the dependencies section begins and ends, so that
+/// `JOBMGR_BENCH_ONLY=dependencies` can replace it alone.
+const DEPS_BEGIN: &str = "<!-- Dependencies section: begin (JOBMGR_BENCH_ONLY=dependencies replaces what lies between these marks) -->";
+const DEPS_END: &str = "<!-- Dependencies section: end -->";
+
+/// The dependencies section between its marks.
+fn dependencies_part(section: String) -> String {
+    format!("{DEPS_BEGIN}\n\n{}\n\n{DEPS_END}\n", section.trim_end())
+}
+
+/// `JOBMGR_BENCH_ONLY=dependencies`: the dependencies section (on both
+/// stores), written into the report in place of the last one (or, if it
+/// has none, before the HTTP port's limits), the rest left as it is.
+fn only_dependencies(scale: Scale, smoke: bool, started: std::time::Instant) {
+    let runtime = runtime();
+    let section = runtime.block_on(dependencies::report(scale));
+    let date = chrono::Utc::now().format("%Y-%m-%d");
+    let part = dependencies_part(format!(
+        "{}\n*Measured on {date} by `JOBMGR_BENCH_ONLY=dependencies cargo bench --bench jobmgr`, a run of its own ({:.0} s); the rest of this file is as the run that wrote it left it.*",
+        section.trim_end(),
+        started.elapsed().as_secs_f64()
+    ));
+    if smoke {
+        println!("{part}\n(smoke run: figures not recorded)");
+        return;
+    }
+    let path = report_path();
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let new = match (old.find(DEPS_BEGIN), old.find(DEPS_END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            let mut end = end + DEPS_END.len();
+            if old[end..].starts_with('\n') {
+                end += 1;
+            }
+            format!("{}{part}{}", &old[..begin], &old[end..])
+        }
+        _ => match old.find("\n## The HTTP port under attack") {
+            Some(at) => format!("{}{part}\n{}", &old[..at + 1], &old[at + 1..]),
+            None => format!("{}\n\n{part}", old.trim_end()),
+        },
+    };
+    std::fs::write(&path, &new).expect("write report");
+    println!("{part}\nwritten into {path} (its other sections unchanged)");
 }

@@ -55,7 +55,7 @@ async fn cycle_client(
 
 /// Cycles per second with `clients` concurrent clients, client `i` on
 /// server `bases[i % bases.len()]`, each with a job name of its own.
-async fn cycles_per_second(bases: &[String], clients: usize, run: Duration) -> f64 {
+pub(crate) async fn cycles_per_second(bases: &[String], clients: usize, run: Duration) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let stop = start + run;
@@ -255,7 +255,7 @@ pub struct BeforeAnalyze {
 /// reported them: PostgreSQL sends a backend's counts at the end of a
 /// transaction at most once a second, so this waits a second and has the
 /// server commit one more dequeue (on `base`, untimed) first.
-async fn jobs_rows_read(
+pub(crate) async fn jobs_rows_read(
     client: &reqwest::Client,
     base: &str,
     database: &crate::common::PgDatabase,

@@ -38,7 +38,7 @@ const NO_EFFECT: &[(&str, &str)] = &[
 ];
 
 /// What replaces BWM's AIMD load handler.
-const AIMD: &str = "BWM's AIMD load handler is replaced by jobmgr's gate: --max-load, --max-memory and --max-cpu-pressure decide when a job may start, --max-workers caps how many run";
+const AIMD: &str = "BWM's AIMD load handler is replaced by jobmgr's gate: --max-load, --min-memory and --max-cpu-pressure decide when a job may start, --max-workers caps how many run";
 
 /// A BWM option that was given and is ignored.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,6 +35,18 @@ pub const SET_FOR_WORKERS: &[(&str, &str)] = &[
         "JOBMGR_PROGRESS_FD",
         "Set for a worker: the file descriptor on which it may report progress.",
     ),
+    (
+        "JOBMGR_BEDROCK_HOST",
+        "Set for a PHP worker (--worker-kind bwm-php): the job server's Bedrock host its $bedrock client reaches.",
+    ),
+    (
+        "JOBMGR_BEDROCK_PORT",
+        "Set for a PHP worker: the job server's Bedrock port.",
+    ),
+    (
+        "JOBMGR_JOB_TOKEN",
+        "Set for a PHP worker: its job token, which may create jobs and read its own job and its children while the job runs.",
+    ),
 ];
 
 /// Prefixes and names of the test and benchmark tooling's own variables,

@@ -77,6 +77,23 @@ pub enum JobCommand {
         /// Make it a child of this running job.
         #[arg(long, value_name = "ID")]
         parent: Option<i64>,
+        /// Tag the job (repeat for more tags).
+        #[arg(long = "tag", value_name = "TAG")]
+        tags: Vec<String>,
+        /// Hand it out only once these jobs have finished (jobIDs, comma-separated; each created before it).
+        #[arg(long, value_name = "ID,ID,...", value_delimiter = ',')]
+        depends: Vec<i64>,
+    },
+    /// Add or drop dependencies of a QUEUED or DEPENDS job; prints the job.
+    Depends {
+        /// The jobID.
+        id: String,
+        /// Also wait for these jobs (comma-separated; each created before it).
+        #[arg(long, value_name = "ID,ID,...", value_delimiter = ',')]
+        add: Vec<i64>,
+        /// No longer wait for these jobs (comma-separated).
+        #[arg(long, value_name = "ID,ID,...", value_delimiter = ',')]
+        remove: Vec<i64>,
     },
     /// Take (lease) due jobs matching a GLOB (or comma list), waiting for one if asked; each must then be finished, failed or retried before its lease runs out.
     #[command(after_help = super::take::AFTER_HELP)]
@@ -84,8 +101,13 @@ pub enum JobCommand {
     /// Deprecated: the old name of `take` (it leases the job).
     #[command(hide = true)]
     Get(super::take::TakeArgs),
-    /// Show a job; one that ended and left the queue is shown from the
-    /// archive (marked archived), with a pointer to `job history`.
+    /// Follow job events as they happen (a job, names matching a GLOB, tracked jobs, or all); with one job id, until it ends.
+    #[command(after_help = super::watch::AFTER_HELP)]
+    Watch(super::watch::WatchArgs),
+    /// Show a job, with its tags and whether it is tracked; one that ended
+    /// and left the queue is shown from the archive (marked archived), with
+    /// a pointer to `job history`.
+    #[command(visible_alias = "show")]
     Query {
         /// The jobID.
         id: String,
@@ -197,12 +219,53 @@ pub enum JobCommand {
         #[arg(long, value_name = "NAME")]
         name: Option<String>,
     },
+    /// Add tags to a job in the queue and remove others; prints its tags.
+    Tag {
+        /// The jobID.
+        id: String,
+        /// A tag to add (repeat for more).
+        #[arg(long, value_name = "TAG", required_unless_present = "remove")]
+        add: Vec<String>,
+        /// A tag to remove (repeat for more).
+        #[arg(long, value_name = "TAG")]
+        remove: Vec<String>,
+    },
+    /// The tags on most jobs, with how many jobs each is on.
+    Tags {
+        /// Show at most this many tags (at most 1000).
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
+    /// Track a job: `job tracked` lists it, and shows it as it ends.
+    Track {
+        /// The jobID.
+        id: String,
+    },
+    /// Stop tracking a job.
+    Untrack {
+        /// The jobID.
+        id: String,
+    },
+    /// List the tracked jobs and their states: a job that ended is shown
+    /// from the archive (marked archived) while retention keeps it, and one
+    /// that was deleted as GONE, until untracked.
+    Tracked {
+        /// At most this many (at most 1000).
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+        /// Only jobs with an id above this.
+        #[arg(long, value_name = "ID")]
+        after: Option<i64>,
+    },
     /// List jobs in id order: the queue's, or with --archived (implied by
     /// --state FINISHED, --since and --until) the ones that ended.
     List {
         /// Only names matching this GLOB (or comma list).
         #[arg(long, value_name = "GLOB")]
         name: Option<String>,
+        /// Only jobs with this tag (jobs in the queue; the archive keeps no tags).
+        #[arg(long, value_name = "TAG")]
+        tag: Option<String>,
         /// Only jobs in this state (FINISHED reads the archive; so does FAILED with --archived).
         #[arg(long, value_name = "STATE")]
         state: Option<String>,
@@ -222,6 +285,19 @@ pub enum JobCommand {
         #[arg(long, value_name = "TIME")]
         until: Option<String>,
     },
+}
+
+/// A job's tags as one line: comma-separated, or `(no tags)`.
+fn tag_line(tags: &Value) -> String {
+    let tags: Vec<&str> = tags
+        .as_array()
+        .map(|t| t.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if tags.is_empty() {
+        "(no tags)".to_string()
+    } else {
+        tags.join(", ")
+    }
 }
 
 fn json_arg(flag: &str, text: &str) -> Result<Value, CliError> {
@@ -284,6 +360,8 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             no_overwrite,
             retry_after,
             parent,
+            tags,
+            depends,
         } => {
             let (client, format) = client(connection)?;
             let body = object(vec![
@@ -296,6 +374,8 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
                 ("overwrite", no_overwrite.then_some(json!(false))),
                 ("retryAfter", retry_after.map(Value::from)),
                 ("parentJobID", parent.map(Value::from)),
+                ("tags", (!tags.is_empty()).then(|| json!(tags))),
+                ("depends", (!depends.is_empty()).then(|| json!(depends))),
             ]);
             let answer = client.quick(Method::POST, "/jobs", Some(&body)).await?;
             match format {
@@ -303,8 +383,29 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
                 Format::Text => println!("{}", answer["jobID"]),
             }
         }
+        JobCommand::Depends { id, add, remove } => {
+            let (client, format) = client(connection)?;
+            if add.is_empty() && remove.is_empty() {
+                return Err(CliError::Usage(
+                    "give --add, --remove or both (jobIDs, comma-separated)".into(),
+                ));
+            }
+            let body = json!({"add": add, "remove": remove});
+            let answer = client
+                .quick(
+                    Method::POST,
+                    &format!("/jobs/{}/depends", id_arg(&id)?),
+                    Some(&body),
+                )
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => print_job(&answer),
+            }
+        }
         JobCommand::Take(take) => super::take::run(connection, take, false).await?,
         JobCommand::Get(take) => super::take::run(connection, take, true).await?,
+        JobCommand::Watch(watch) => super::watch::run(connection, watch).await?,
         JobCommand::Query { id } => {
             let (client, format) = client(connection)?;
             let id = id_arg(&id)?;
@@ -464,8 +565,73 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
                 Format::Text => println!("requeued {}", answer["requeued"]),
             }
         }
+        JobCommand::Tag { id, add, remove } => {
+            let (client, format) = client(connection)?;
+            let body = json!({"add": add, "remove": remove});
+            let answer = client
+                .quick(
+                    Method::POST,
+                    &format!("/jobs/{}/tags", id_arg(&id)?),
+                    Some(&body),
+                )
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => println!("{}", tag_line(&answer["tags"])),
+            }
+        }
+        JobCommand::Tags { limit } => {
+            let (client, format) = client(connection)?;
+            let answer = client
+                .quick(Method::GET, &format!("/tags?limit={limit}"), None)
+                .await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => {
+                    println!("{:>8}  TAG", "JOBS");
+                    for tag in answer["tags"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+                        println!(
+                            "{:>8}  {}",
+                            tag["jobs"].to_string(),
+                            tag["tag"].as_str().unwrap_or("")
+                        );
+                    }
+                }
+            }
+        }
+        JobCommand::Track { id } => {
+            let (client, _) = client(connection)?;
+            client
+                .quick(Method::POST, &format!("/jobs/{}/track", id_arg(&id)?), None)
+                .await?;
+        }
+        JobCommand::Untrack { id } => {
+            let (client, _) = client(connection)?;
+            client
+                .quick(
+                    Method::DELETE,
+                    &format!("/jobs/{}/track", id_arg(&id)?),
+                    None,
+                )
+                .await?;
+        }
+        JobCommand::Tracked { limit, after } => {
+            let (client, format) = client(connection)?;
+            let mut path = format!("/tracked?limit={limit}");
+            if let Some(after) = after {
+                path.push_str(&format!("&after={after}"));
+            }
+            let answer = client.quick(Method::GET, &path, None).await?;
+            match format {
+                Format::Json => print_value(&answer),
+                Format::Text => {
+                    print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+                }
+            }
+        }
         JobCommand::List {
             name,
+            tag,
             state,
             limit,
             after,
@@ -474,8 +640,20 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             until,
         } => {
             let (client, format) = client(connection)?;
-            if super::archive::wanted(archived, state.as_deref(), since.is_some(), until.is_some())
-            {
+            let archive = super::archive::wanted(
+                archived,
+                state.as_deref(),
+                since.is_some(),
+                until.is_some(),
+            );
+            if archive && tag.is_some() {
+                return Err(CliError::Usage(
+                    "--tag lists jobs in the queue, and the archive keeps no tags: leave out \
+                     --tag, or --archived, --since, --until and --state FINISHED"
+                        .into(),
+                ));
+            }
+            if archive {
                 let listing = super::archive::ArchiveListing {
                     name,
                     state,
@@ -489,6 +667,9 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             let mut query: Vec<(&str, String)> = vec![("limit", limit.to_string())];
             if let Some(name) = name {
                 query.push(("name", name));
+            }
+            if let Some(tag) = tag {
+                query.push(("tag", tag));
             }
             if let Some(state) = state {
                 query.push(("state", state));

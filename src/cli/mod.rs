@@ -18,6 +18,8 @@ mod start_checks;
 mod status;
 mod supervise;
 mod take;
+mod throttle;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -120,6 +122,8 @@ pub enum Command {
     Workers(reports::WorkersArgs),
     /// Purge now the history, statistics and workers that retention no longer keeps.
     Purge(reports::PurgeArgs),
+    /// Set, list or delete fleet-wide throttles: how many jobs matching a name GLOB run at once across every supervisor.
+    Throttle(throttle::ThrottleArgs),
     /// Check the supervisor's configuration and print it, with where each value came from.
     CheckConfig(Box<check_config::CheckConfigArgs>),
     /// Show what the running supervisor is doing: its gate, and each job with its worker's pid and elapsed time.
@@ -128,6 +132,8 @@ pub enum Command {
     Completions(shell::CompletionsArgs),
     /// Print the man page, jobmgr(1), in roff.
     Man,
+    /// Print the PHP runner that runs BedrockWorkerManager worker classes (--worker-kind bwm-php).
+    BwmPhpRunner,
 }
 
 /// Why a command failed.
@@ -199,10 +205,12 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Some(Command::Failures(args)) => reports::failures(args).await,
         Some(Command::Workers(args)) => reports::workers(args).await,
         Some(Command::Purge(args)) => reports::purge(args).await,
+        Some(Command::Throttle(args)) => throttle::run(args).await,
         Some(Command::CheckConfig(args)) => check_config::run(*args).await,
         Some(Command::Completions(args)) => shell::completions(args),
         Some(Command::Status(args)) => status::run(*args),
         Some(Command::Man) => shell::man(),
+        Some(Command::BwmPhpRunner) => shell::print(crate::supervisor::bwm_php::RUNNER),
         None => supervise::run(cli.supervise).await,
     }
 }

@@ -78,6 +78,12 @@ pub struct ServerArgs {
     /// HTTP-port connections served at once from one IP address (an IPv6 /64); a newcomer from it closes its oldest connection that has not sent the token yet, or is refused with 503 if all have.
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub http_max_connections_per_peer: usize,
+    /// Event streams (`GET /events`) open at once; more are answered 503. Each holds a connection and 128 KiB of --http-body-budget.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub http_max_event_streams: usize,
+    /// Event streams open at once from one IP address (an IPv6 /64); more are answered 503.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub http_max_event_streams_per_peer: usize,
     /// An HTTP request's headers must arrive whole within this (of the connection, or of their first byte); a connection must also send a request with the token within this of its accept.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_positive_duration_ms)]
     pub http_header_timeout: Duration,
@@ -194,6 +200,8 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         body_timeout: args.http_body_timeout,
         idle_timeout: args.http_idle_timeout,
         body_budget: args.http_body_budget,
+        max_event_streams: args.http_max_event_streams,
+        max_event_streams_per_peer: args.http_max_event_streams_per_peer,
     };
     if let Some(warning) = http_limits.check_budget().map_err(CliError::Usage)? {
         tracing::warn!("{warning}");

@@ -1,6 +1,6 @@
-//! `jobmgr completions SHELL` and `jobmgr man`: shell completions and the
-//! man page, generated from the command-line definition (packages install
-//! both).
+//! `jobmgr completions SHELL`, `jobmgr man` and `jobmgr bwm-php-runner`:
+//! shell completions and the man page, generated from the command-line
+//! definition, and the PHP runner (packages install all three).
 
 use clap::{Args, CommandFactory};
 
@@ -45,4 +45,12 @@ pub fn man() -> Result<(), super::CliError> {
     out.extend_from_slice(super::man::sections().as_bytes());
     use std::io::Write;
     std::io::stdout().write_all(&out).map_err(write)
+}
+
+/// Prints `text` to stdout as it is (`jobmgr bwm-php-runner`).
+pub fn print(text: &str) -> Result<(), super::CliError> {
+    use std::io::Write;
+    std::io::stdout()
+        .write_all(text.as_bytes())
+        .map_err(|e| super::CliError::Usage(format!("cannot write to stdout: {e}")))
 }

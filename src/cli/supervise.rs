@@ -73,6 +73,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
     warn_if_no_cpu_pressure(&pools);
 
     let mut embedded = None;
+    let mut access = crate::supervisor::bwm_php::Access::default();
     let source: Arc<dyn JobSource> = match options.server.as_deref() {
         None => {
             // The embedded server makes its token file, so that the CLI,
@@ -80,6 +81,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             let token = crate::auth::for_server(args.token.as_deref(), &token_file)
                 .map_err(server::ServerError::from)?;
             let metrics = super::serve_metrics(options.metrics, Some(token.clone())).await?;
+            access.token = Some(token.clone());
             let config = ServerConfig {
                 db: db.clone(),
                 token,
@@ -111,6 +113,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             };
             let http_local = http.local_addr().map_err(server::ServerError::Serve)?;
             let bedrock_local = bedrock.as_ref().and_then(|l| l.local_addr().ok());
+            access.bedrock = bedrock_local.map(crate::supervisor::bwm_php::Access::connect_to);
             let started = server::Server::start(&config).await?;
             let queue = started.queue.clone();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -129,6 +132,10 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
             let token = super::start_checks::client_token(&plan, args.token.as_deref(), url)?;
             let metrics = super::serve_metrics(options.metrics, token.token.clone()).await?;
             let reach = reach(url, &token, args.ca_cert.as_deref()).await;
+            access.token = token.token.clone();
+            access.bedrock = url
+                .strip_prefix("bedrock://")
+                .map(|rest| rest.trim_end_matches('/').to_string());
             let source = connect(url, token, args.ca_cert.as_deref())?;
             match reach {
                 Ok(()) => println!(
@@ -173,6 +180,7 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
         let pool = settings.pool.clone();
         let supervisor = Supervisor::new(settings, Arc::clone(&source), load)
             .on_host(Arc::clone(&host))
+            .with_access(access.clone())
             .with_reload(Box::new(move || {
                 let options = effective(&reload_args)?;
                 let pools = Settings::resolve_pools(&options, &reload_state)?;

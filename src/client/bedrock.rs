@@ -478,13 +478,19 @@ impl JobSource for BedrockSource {
                     delay_secs,
                     ignore_repeat,
                     data,
+                    name,
+                    next_run,
                 } => {
-                    let request = Request::new("RetryJob").value("delay", (*delay_secs).max(0));
-                    let request = if *ignore_repeat {
-                        request.value("ignoreRepeat", "true")
-                    } else {
-                        request
-                    };
+                    let mut request = Request::new("RetryJob").value("delay", (*delay_secs).max(0));
+                    if *ignore_repeat {
+                        request = request.value("ignoreRepeat", "true");
+                    }
+                    if let Some(name) = name {
+                        request = request.value("name", name);
+                    }
+                    if let Some(next_run) = next_run {
+                        request = request.value("nextRun", next_run);
+                    }
                     (request, data)
                 }
             };
@@ -692,8 +698,10 @@ impl Request {
         self.value(name, escaped)
     }
 
-    /// A JSON header, sent compact. Compact JSON escapes every control
-    /// character, so a line break in it would be a bug; it is refused.
+    /// A JSON header, sent compact and backslash-escaped as Bedrock-PHP
+    /// sends it (Bedrock unescapes every header before it reads the JSON).
+    /// Compact JSON escapes every control character, so a line break in it
+    /// would be a bug; it is refused.
     fn json(self, name: &str, data: &Data) -> Result<Self, SourceError> {
         let text = serde_json::to_string(data).map_err(|error| {
             SourceError::Refused(format!("{name} cannot be written as JSON: {error}"))
@@ -703,7 +711,7 @@ impl Request {
                 "{name} would carry a line break in its header"
             )));
         }
-        Ok(self.value(name, text))
+        Ok(self.value(name, escape(&text)))
     }
 
     /// The `lease` header, when there is a lease token.

@@ -258,6 +258,53 @@ impl HttpClient {
         Ok(Err(error))
     }
 
+    /// Opens a long answer (an event stream) of `GET path` on the server in
+    /// use, sending `last_event_id` as `Last-Event-ID`; the answer's body
+    /// is read as it comes (`chunk()`). A refusal is the server's error.
+    pub async fn open_stream(
+        &self,
+        path: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}{path}", self.base());
+        let mut request = self.http.get(&url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token.expose());
+        }
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let transport = |e: reqwest::Error| ClientError::Transport {
+            url: url.clone(),
+            detail: with_sources(&e),
+        };
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(response);
+        }
+        let value: Value = response
+            .json()
+            .await
+            .unwrap_or_else(|_| Value::Object(Default::default()));
+        let field = |key: &str| {
+            value
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let mut message = field("message");
+        if let (401, Some(hint)) = (status, &self.hint) {
+            message = format!("{message}. {hint}");
+        }
+        Err(ClientError::Api {
+            status,
+            code: field("code"),
+            message,
+        })
+    }
+
     /// A call that answers within a minute.
     pub async fn quick(
         &self,

@@ -243,10 +243,18 @@ impl JobSource for HttpSource {
                     delay_secs,
                     ignore_repeat,
                     data,
+                    name,
+                    next_run,
                 } => {
                     body.insert("delay".into(), json!(delay_secs));
                     if *ignore_repeat {
                         body.insert("ignoreRepeat".into(), json!(true));
+                    }
+                    if let Some(name) = name {
+                        body.insert("name".into(), json!(name));
+                    }
+                    if let Some(next_run) = next_run {
+                        body.insert("nextRun".into(), json!(next_run));
                     }
                     data
                 }

@@ -190,9 +190,17 @@ impl JobSource for LocalSource {
                     delay_secs,
                     ignore_repeat,
                     data,
+                    name,
+                    next_run,
                 } => {
                     let mut cmd = RetryJob::now(id);
                     cmd.delay_secs = *delay_secs;
+                    cmd.name = name.clone();
+                    cmd.next_run = next_run
+                        .as_deref()
+                        .map(|t| crate::protocol::parse_time("nextRun", t))
+                        .transpose()
+                        .map_err(|e| SourceError::Refused(e.to_string()))?;
                     cmd.ignore_repeat = *ignore_repeat;
                     cmd.data = data.clone();
                     cmd.lease = lease;

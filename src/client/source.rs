@@ -185,6 +185,8 @@ pub async fn hand_back_by_retry<S: JobSource + ?Sized>(
         delay_secs: 0,
         ignore_repeat: true,
         data: None,
+        name: None,
+        next_run: None,
     };
     source.report(job.id, job.lease.as_deref(), &back).await
 }
@@ -208,6 +210,14 @@ pub enum Report {
         ignore_repeat: bool,
         /// The new data.
         data: Option<Data>,
+        /// A new name (the worker asked for it, as BWM's
+        /// `RetryableException` can).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// An explicit time for the retry, as the protocol writes it; it
+        /// wins over the delay.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_run: Option<String>,
     },
     /// FailJob.
     Fail {

@@ -11,7 +11,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use values::{ByteSize, EnvPair, HumanDuration, check_env_name, env_table};
+pub use values::{ByteSize, EnvPair, HumanDuration, WorkerKind, check_env_name, env_table};
 
 /// The supervisor's options. Every field is optional: unset means "from the
 /// file, else the default".
@@ -31,6 +31,26 @@ pub struct SupervisorOptions {
         env = "JOBMGR_WORKER_PATH"
     )]
     pub worker_path: Option<PathBuf>,
+    /// What a worker is: "exec", an executable named after the job, or "bwm-php", a BedrockWorkerManager PHP class in NAME.php run by jobmgr's PHP runner [default: exec]
+    #[arg(help_heading = "Workers")]
+    #[arg(long, value_name = "KIND", env = "JOBMGR_WORKER_KIND")]
+    pub worker_kind: Option<WorkerKind>,
+    /// bwm-php: a PHP file the runner loads before the worker class (the site's autoloader and configuration) [default: none]
+    #[arg(help_heading = "PHP workers")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_PHP_BOOTSTRAP")]
+    pub php_bootstrap: Option<PathBuf>,
+    /// bwm-php: the PHP command-line interpreter [default: php on the supervisor's PATH]
+    #[arg(help_heading = "PHP workers")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_PHP")]
+    pub php: Option<PathBuf>,
+    /// bwm-php: the runner script [default: jobmgr's own, written into the scratch directory at start; `jobmgr bwm-php-runner` prints it]
+    #[arg(help_heading = "PHP workers")]
+    #[arg(long, value_name = "PATH", env = "JOBMGR_PHP_RUNNER")]
+    pub php_runner: Option<PathBuf>,
+    /// bwm-php: the job server's Bedrock port that workers' $bedrock client uses, HOST:PORT [default: the embedded server's Bedrock port, or the --server bedrock:// address]
+    #[arg(help_heading = "PHP workers")]
+    #[arg(long, value_name = "HOST:PORT", env = "JOBMGR_PHP_BEDROCK")]
+    pub php_bedrock: Option<String>,
     /// Start no job while the 1-minute load average is at or above this [default: the CPU count]
     #[arg(help_heading = "Gate")]
     #[arg(long, alias = "maxLoad", value_name = "LOAD", env = "JOBMGR_MAX_LOAD")]
@@ -296,6 +316,10 @@ pub struct PoolOptions {
     pub job_name: String,
     /// Where its workers are.
     pub worker_path: Option<PathBuf>,
+    /// What its workers are.
+    pub worker_kind: Option<WorkerKind>,
+    /// Its PHP workers' bootstrap file.
+    pub php_bootstrap: Option<PathBuf>,
     /// Its load limit.
     pub max_load: Option<f64>,
     /// Scale its load limit by the CPU count.
@@ -319,6 +343,8 @@ impl PoolOptions {
         }
         take!(
             worker_path,
+            worker_kind,
+            php_bootstrap,
             max_load,
             load_per_cpu,
             min_memory,
@@ -357,6 +383,10 @@ pub struct JobRule {
     pub env: Option<Vec<EnvPair>>,
     /// The most of these jobs running at once on this supervisor.
     pub max_concurrency: Option<usize>,
+    /// What their workers are.
+    pub worker_kind: Option<WorkerKind>,
+    /// Their PHP workers' bootstrap file.
+    pub php_bootstrap: Option<PathBuf>,
     /// The user they run as.
     pub user: Option<String>,
     /// The group they run as.
@@ -397,6 +427,8 @@ impl JobRule {
             ($($field:ident),*) => { $( if self.$field.is_some() { merged.$field = self.$field.clone(); } )* };
         }
         take!(
+            worker_kind,
+            php_bootstrap,
             timeout,
             kill_grace,
             max_attempts,
@@ -455,6 +487,11 @@ impl SupervisorOptions {
         pick!(
             job_name,
             worker_path,
+            worker_kind,
+            php_bootstrap,
+            php,
+            php_runner,
+            php_bedrock,
             max_load,
             load_per_cpu,
             min_memory,

@@ -1,5 +1,6 @@
 //! Value types shared by command-line flags and configuration files:
-//! durations (`30s`, `5m`), byte sizes (`128MiB`), and `NAME=VALUE` pairs.
+//! durations (`30s`, `5m`), byte sizes (`128MiB`), `NAME=VALUE` pairs, and
+//! the kind of worker.
 
 use std::fmt;
 use std::str::FromStr;
@@ -205,5 +206,26 @@ mod tests {
         assert!("1A=x".parse::<EnvPair>().is_err());
         assert!("NOVALUE".parse::<EnvPair>().is_err());
         assert!("A-B=1".parse::<EnvPair>().is_err());
+    }
+}
+
+/// What a worker is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkerKind {
+    /// An executable named after the job, in the worker path.
+    #[default]
+    Exec,
+    /// A BedrockWorkerManager PHP class: `NAME.php` in the worker path,
+    /// run by jobmgr's PHP runner.
+    BwmPhp,
+}
+
+impl fmt::Display for WorkerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WorkerKind::Exec => "exec",
+            WorkerKind::BwmPhp => "bwm-php",
+        })
     }
 }

@@ -69,6 +69,13 @@ pub struct CreateJob {
     pub parent_id: Option<JobId>,
     /// Re-issue the job this long after a hand-out that was not reported.
     pub retry_after: Option<RetryAfter>,
+    /// Its tags, checked and deduplicated (see [`super::tags`]); added to
+    /// the existing job by a `unique` create that overwrites.
+    pub tags: Vec<String>,
+    /// Jobs that must finish before this one is handed out (checked by
+    /// [`check_depends`](super::check_depends): distinct, at most
+    /// [`MAX_DEPENDS`](super::MAX_DEPENDS)); empty for none.
+    pub depends: Vec<JobId>,
 }
 
 impl CreateJob {
@@ -84,6 +91,8 @@ impl CreateJob {
             overwrite: true,
             parent_id: None,
             retry_after: None,
+            tags: Vec::new(),
+            depends: Vec::new(),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use thiserror::Error;
 
-use super::job::JobId;
+use super::job::{JobId, JobState};
 
 /// Why a job command was refused. The `Display` text is Bedrock's message,
 /// without the status number.
@@ -20,6 +20,14 @@ pub enum JobError {
     /// see [`super::text::is_control`]), which could forge log lines.
     #[error("Malformed {0}: control characters (newline, tab, escape, ...) are not allowed")]
     ControlCharacter(&'static str),
+    /// A tag list with a bad tag, or too many (the text says which and
+    /// what a tag may be; see [`super::tags`]).
+    #[error("Malformed tags: {0}")]
+    BadTags(String),
+    /// A change of tags of a job that has ended: only the archive has it,
+    /// and it keeps no tags.
+    #[error("Job {0} has ended and is only in the archive, which keeps no tags or tracking")]
+    JobEnded(JobId),
     /// A priority outside 0, 250, 500, 750, 850, 1000.
     #[error("Invalid priority value")]
     InvalidPriority,
@@ -109,6 +117,38 @@ pub enum JobError {
         "Idempotency key {0} was first used with a different request; send a new key with a new request"
     )]
     IdempotencyKeyReused(String),
+    /// A list of dependencies longer than [`super::MAX_DEPENDS`].
+    #[error(
+        "Malformed {0}: at most 100 jobs; a job that must wait for more can wait for one job that waits for them"
+    )]
+    TooManyDepends(&'static str),
+    /// A dependency that is neither a job nor a finished job in the archive.
+    #[error(
+        "No job with jobID {0} to depend on: a job can only depend on jobs that exist (or that finished and are still in the archive)"
+    )]
+    DependencyMissing(JobId),
+    /// A dependency that ended without finishing and was deleted: it can
+    /// never finish.
+    #[error("Job {0} ended {1} and was deleted: it can never finish, so nothing can depend on it")]
+    DependencyEnded(JobId, String),
+    /// A dependency on the job itself or on a job created after it.
+    #[error(
+        "Job {job} cannot depend on job {on}: a job may only depend on jobs created before it (a lower jobID), so that dependencies never form a cycle"
+    )]
+    DependencyNotEarlier {
+        /// The dependent job.
+        job: JobId,
+        /// The job it was to depend on.
+        on: JobId,
+    },
+    /// A change of dependencies in a state that does not allow it.
+    #[error("Can only change the dependencies of QUEUED or DEPENDS jobs; job {0} is {1}")]
+    DependsNotAllowed(JobId, JobState),
+    /// Dependencies for a child job.
+    #[error(
+        "A child job cannot have dependencies: its parent orders it; give the parent the dependencies instead"
+    )]
+    ChildDepends,
     /// A Bedrock method this server does not know.
     #[error("Unrecognized command")]
     UnrecognizedCommand,
@@ -127,6 +167,17 @@ pub enum JobError {
         "Job store outcome unknown: the connection to the job store was lost while committing; the command may have been done: look before sending it again (a create with an idempotency key is safe to resend)"
     )]
     StoreOutcomeUnknown,
+    /// A new throttle past the most a store keeps.
+    #[error(
+        "There are {0} throttles already, the most a server keeps; delete one (jobmgr throttle list) or widen an existing GLOB"
+    )]
+    TooManyThrottles(usize),
+    /// A throttle's GLOB or cap that cannot be taken, and why.
+    #[error("Malformed throttle: {0}")]
+    BadThrottle(String),
+    /// No throttle has this GLOB.
+    #[error("No such throttle; GetThrottles lists those there are")]
+    NoSuchThrottle,
     /// The server is shutting down and takes no more commands.
     #[error("Server is shutting down; retry against another server or after restart")]
     ShuttingDown,
@@ -138,14 +189,36 @@ impl JobError {
         use JobError::*;
         match self {
             InvalidJson => 401,
-            Missing(_) | Malformed(_) | ControlCharacter(_) | InvalidPriority | DataNotObject
-            | DataTooLarge | MalformedRepeat | MalformedRetryAfter | NumResultsWithGetJob
-            | NegativeDelay => 402,
-            NoJobFound | NoSuchJob | ParentMissing | ChildOfOtherParent | CancelParent
-            | CancelOrphan => 404,
-            ParentNotRunning | Grandchild | NotHeldForFinish | ParentNotPaused | NotHeldForFail
-            | NotHeldForHandBack | HandOutNotKept(_) | DeleteRunning | DeletePaused
-            | OutstandingChildren => 405,
+            Missing(_)
+            | Malformed(_)
+            | ControlCharacter(_)
+            | BadTags(_)
+            | InvalidPriority
+            | DataNotObject
+            | DataTooLarge
+            | MalformedRepeat
+            | MalformedRetryAfter
+            | NumResultsWithGetJob
+            | NegativeDelay
+            | TooManyThrottles(_)
+            | BadThrottle(_)
+            | TooManyDepends(_)
+            | DependencyNotEarlier { .. } => 402,
+            NoJobFound | NoSuchJob | JobEnded(_) | ParentMissing | ChildOfOtherParent
+            | CancelParent | CancelOrphan | DependencyMissing(_) | DependencyEnded(..)
+            | NoSuchThrottle => 404,
+            ParentNotRunning
+            | Grandchild
+            | NotHeldForFinish
+            | ParentNotPaused
+            | NotHeldForFail
+            | NotHeldForHandBack
+            | HandOutNotKept(_)
+            | DeleteRunning
+            | DeletePaused
+            | OutstandingChildren
+            | DependsNotAllowed(..)
+            | ChildDepends => 405,
             LeaseLost(_) | IdempotencyKeyReused(_) => 409,
             UnrecognizedCommand => 430,
             Store(_) | StoreOutcomeUnknown => 502,
@@ -161,6 +234,8 @@ impl JobError {
             Malformed(param) | ControlCharacter(param) => format!("malformed_{}", snake(param)),
             other => {
                 let code = match other {
+                    BadTags(_) => "malformed_tags",
+                    JobEnded(_) => "job_ended",
                     InvalidPriority => "invalid_priority",
                     DataNotObject => "data_not_object",
                     DataTooLarge => "data_too_large",
@@ -187,11 +262,20 @@ impl JobError {
                     OutstandingChildren => "outstanding_children",
                     LeaseLost(_) => "lease_lost",
                     IdempotencyKeyReused(_) => "idempotency_key_reused",
+                    TooManyDepends(_) => "too_many_depends",
+                    DependencyMissing(_) => "dependency_missing",
+                    DependencyEnded(..) => "dependency_ended",
+                    DependencyNotEarlier { .. } => "dependency_not_earlier",
+                    DependsNotAllowed(..) => "depends_not_allowed",
+                    ChildDepends => "child_depends",
                     UnrecognizedCommand => "unrecognized_command",
                     Store(_) => "store_failed",
                     StoreUnavailable(_) => "store_unavailable",
                     StoreOutcomeUnknown => "store_outcome_unknown",
                     ShuttingDown => "shutting_down",
+                    TooManyThrottles(_) => "too_many_throttles",
+                    BadThrottle(_) => "malformed_throttle",
+                    NoSuchThrottle => "no_such_throttle",
                     Missing(_) | Malformed(_) | ControlCharacter(_) => {
                         unreachable!("handled above")
                     }

@@ -9,7 +9,7 @@ use super::error::JobError;
 /// A job's identifier: a positive 64-bit integer.
 pub type JobId = i64;
 
-/// The seven states of a job.
+/// The eight states of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum JobState {
@@ -28,11 +28,14 @@ pub enum JobState {
     Failed,
     /// A child job that was cancelled; kept until its parent finishes.
     Cancelled,
+    /// Waiting for the jobs it depends on to finish; never handed out until
+    /// the last of them has (then QUEUED).
+    Depends,
 }
 
 impl JobState {
     /// Every state, in the order the spec lists them.
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Queued,
         JobState::Running,
         JobState::Runqueued,
@@ -40,6 +43,7 @@ impl JobState {
         JobState::Finished,
         JobState::Failed,
         JobState::Cancelled,
+        JobState::Depends,
     ];
 
     /// The state's name as stored and shown: `QUEUED`, `RUNNING`, …
@@ -52,6 +56,7 @@ impl JobState {
             JobState::Finished => "FINISHED",
             JobState::Failed => "FAILED",
             JobState::Cancelled => "CANCELLED",
+            JobState::Depends => "DEPENDS",
         }
     }
 
@@ -81,7 +86,7 @@ impl FromStr for JobState {
             .into_iter()
             .find(|state| state.as_str().eq_ignore_ascii_case(s))
             .ok_or_else(|| {
-                format!("unknown job state {s:?}: expected one of QUEUED, RUNNING, RUNQUEUED, PAUSED, FINISHED, FAILED, CANCELLED")
+                format!("unknown job state {s:?}: expected one of QUEUED, RUNNING, RUNQUEUED, PAUSED, FINISHED, FAILED, CANCELLED, DEPENDS")
             })
     }
 }

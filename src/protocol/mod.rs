@@ -3,20 +3,24 @@
 //! parameters and their errors. Nothing here touches a socket, SQL or a process.
 
 pub mod command;
+pub mod depends;
 pub mod error;
 pub mod job;
 pub mod pattern;
 pub mod repeat;
+pub mod tags;
 pub mod text;
 pub mod time;
 pub mod view;
 pub mod worker;
 
 pub use command::*;
+pub use depends::{ChangeDepends, MAX_DEPENDS, check_depends, parse_depends};
 pub use error::JobError;
 pub use job::{Job, JobId, JobState, Lease, Priority};
 pub use pattern::NamePattern;
 pub use repeat::{Modifier, Repeat, RepeatBase};
+pub use tags::{Labels, TagChange};
 pub use time::Timestamp;
 pub use worker::{RunFacts, WorkerInfo};
 

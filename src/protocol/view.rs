@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::job::Job;
-use super::{Data, JobId, Timestamp};
+use super::{Data, JobId, Labels, Timestamp};
 
 /// A job handed out by GetJob(s) or the dequeue endpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,6 +103,27 @@ pub fn query_json(job: &Job) -> Map<String, Value> {
         json!(time_or_empty(job.lease.as_ref().and_then(|l| l.expires))),
     );
     out
+}
+
+/// QueryJob's object as the HTTP API shows a job: with its `tags` and
+/// whether it is `tracked`, always.
+pub fn labelled_json(job: &Job, labels: &Labels) -> Map<String, Value> {
+    let mut out = query_json(job);
+    out.insert("tags".into(), json!(labels.tags));
+    out.insert("tracked".into(), json!(labels.tracked));
+    out
+}
+
+/// Adds a job's labels to an object the Bedrock port answers with: `tags`
+/// only when it has some and `tracked` only when it is, so that a Bedrock
+/// client that uses neither sees Bedrock's answer unchanged.
+pub fn add_bedrock_labels(out: &mut Map<String, Value>, labels: &Labels) {
+    if !labels.tags.is_empty() {
+        out.insert("tags".into(), json!(labels.tags));
+    }
+    if labels.tracked {
+        out.insert("tracked".into(), json!(true));
+    }
 }
 
 fn children(list: &[(JobId, Data)]) -> Value {

@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod bedrock;
 pub mod calendar;
+pub mod events;
 pub mod http;
 mod layers;
 pub mod ledger;
@@ -284,6 +285,7 @@ impl Server {
             (None, None) => Arc::new(queue::SystemClock),
         };
         let queue = Queue::start_with_clock(shared, config.queue, clock);
+        queue.load_tracked().await;
         tracing::info!(db = %location.describe(), "job store open");
         Ok(Server {
             queue,
@@ -336,7 +338,8 @@ impl Server {
             self.queue.clone(),
             self.token.clone(),
             self.browser.bound_to(local),
-        );
+        )
+        .layer(axum::Extension(http::EventStreams::new(&self.http_limits)));
         let queue = self.queue.clone();
         let signal = stop.clone();
         tokio::spawn(async move {

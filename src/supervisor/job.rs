@@ -17,9 +17,10 @@ use super::scratch::JobScratch;
 use super::settings::JobSettings;
 use super::spool::Spooled;
 use super::uids;
-use super::worker_path::WorkerPath;
+use super::worker_path::{NoWorker, WorkerPath};
 use super::{Generation, Shared};
 use crate::client::{LeasedJob, Report, SourceError};
+use crate::config::WorkerKind;
 use crate::protocol::RunFacts;
 use crate::protocol::{Data, MAX_DATA_BYTES, data_len};
 
@@ -202,7 +203,7 @@ impl JobTask {
                             Decision { report: None, summary: "the lease was lost while waiting for a slot".into() }
                         } else {
                             Decision {
-                                report: Some(Report::Retry { delay_secs: 0, ignore_repeat: true, data: None }),
+                                report: Some(Report::Retry { delay_secs: 0, ignore_repeat: true, data: None, name: None, next_run: None }),
                                 summary: "stopped by shutdown while waiting for a slot; handed back".into(),
                             }
                         }, None));
@@ -212,13 +213,16 @@ impl JobTask {
             None => None,
         };
 
-        let program = WorkerPath::new(&settings.worker_path)
-            .map_err(|e| NotRun::NoWorker(e.to_string()))?
-            .resolve(&self.job.name)
-            .map_err(|e| match e {
-                super::worker_path::NoWorker::BadName(_) => NotRun::BadName(e.to_string()),
-                e => NotRun::NoWorker(e.to_string()),
-            })?;
+        let worker_path =
+            WorkerPath::new(&settings.worker_path).map_err(|e| NotRun::NoWorker(e.to_string()))?;
+        let resolved = match job_settings.kind {
+            WorkerKind::Exec => worker_path.resolve(&self.job.name),
+            WorkerKind::BwmPhp => worker_path.resolve_class(&self.job.name),
+        };
+        let program = resolved.map_err(|e| match e {
+            NoWorker::BadName(_) | NoWorker::NotAClass(_) => NotRun::BadName(e.to_string()),
+            e => NotRun::NoWorker(e.to_string()),
+        })?;
         // A uid of the job's own, where jobs get one: wait for a free one.
         let claimed = match sandbox.uids() {
             Some(pool) => match uids::claim(pool, &worker_stop).await {
@@ -236,6 +240,8 @@ impl JobTask {
                                     delay_secs: 0,
                                     ignore_repeat: true,
                                     data: None,
+                                    name: None,
+                                    next_run: None,
                                 }),
                                 summary: "stopped by shutdown while waiting for a uid; handed back"
                                     .into(),
@@ -272,9 +278,13 @@ impl JobTask {
         let mut stdin = serde_json::to_vec(&stdin_object).unwrap_or_default();
         stdin.push(b'\n');
 
+        let (executable, args, runner_env) = self.command(&program);
+        let mut env = self.environment(attempt, scratch.path());
+        env.extend(runner_env);
         let spec = WorkerSpec {
-            program: program.clone(),
-            env: self.environment(attempt, scratch.path()),
+            program: executable,
+            args,
+            env,
             cwd: scratch.path().to_path_buf(),
             stdin,
             timeout: job_settings.timeout,
@@ -286,10 +296,15 @@ impl JobTask {
         };
 
         tracing::info!(worker = %program.display(), attempt, "starting worker");
-        let worker = program
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let worker = match job_settings.kind {
+            WorkerKind::Exec => program
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            WorkerKind::BwmPhp => WorkerPath::worker_name(&self.job.name)
+                .unwrap_or_default()
+                .to_string(),
+        };
         let due = self
             .job
             .handout
@@ -382,6 +397,44 @@ impl JobTask {
             finished.ending == process::Ending::TimedOut,
         );
         Ok((decision, Some(report::run_facts(&finished))))
+    }
+
+    /// What to execute for the worker file `program`: itself, or for a PHP
+    /// class the interpreter with the runner, and the runner's variables.
+    fn command(
+        &self,
+        program: &std::path::Path,
+    ) -> (
+        std::path::PathBuf,
+        Vec<std::ffi::OsString>,
+        Vec<(String, String)>,
+    ) {
+        let job_settings = self.job_settings();
+        let generation = &self.generation;
+        let (WorkerKind::BwmPhp, Some(php), Some(runner)) = (
+            job_settings.kind,
+            &generation.settings.php,
+            &generation.php_runner,
+        ) else {
+            return (program.to_path_buf(), Vec::new(), Vec::new());
+        };
+        let access = &self.shared.access;
+        let job_token = access
+            .token
+            .as_ref()
+            .zip(self.job.lease.as_deref())
+            .map(|(token, lease)| crate::auth::job_token::mint(token, self.job.id, lease));
+        let class = WorkerPath::worker_name(&self.job.name).unwrap_or_default();
+        let invocation = super::bwm_php::invocation(
+            php,
+            runner,
+            class,
+            program,
+            job_settings.php_bootstrap.as_deref(),
+            php.bedrock.as_deref().or(access.bedrock.as_deref()),
+            job_token,
+        );
+        (invocation.program, invocation.args, invocation.env)
     }
 
     /// The worker's whole environment: the allowed variables of the

@@ -7,6 +7,7 @@
 //! fetching, SIGHUP reloads the configuration, and a change of the version
 //! watch file drains and exits for the service manager to restart it.
 
+pub mod bwm_php;
 pub mod cgroup;
 pub mod gate;
 pub mod job_guard;
@@ -16,6 +17,7 @@ pub mod no_worker;
 pub mod output;
 pub mod process;
 pub mod report;
+pub mod report_line;
 pub mod sandbox;
 pub mod schedule;
 pub mod scratch;
@@ -145,6 +147,7 @@ pub struct Supervisor {
     source: Arc<dyn JobSource>,
     load: Arc<dyn LoadSource>,
     reload: Option<Reloader>,
+    access: bwm_php::Access,
 }
 
 /// What every job task shares.
@@ -158,6 +161,8 @@ struct Shared {
     busy_until: std::sync::Mutex<Option<Instant>>,
     /// No-worker hand-backs said once a minute per job name.
     no_worker_lines: quieter::Quieter,
+    /// What PHP workers are told of the job server.
+    access: bwm_php::Access,
 }
 
 /// Settings and what is built from them, swapped whole on reload: the
@@ -167,6 +172,9 @@ pub(crate) struct Generation {
     settings: Arc<Settings>,
     sandboxes: Vec<Arc<sandbox::Sandbox>>,
     slots: Vec<Option<Arc<tokio::sync::Semaphore>>>,
+    /// The PHP runner, where PHP workers run: installed by
+    /// [`Generation::install_php_runner`].
+    php_runner: Option<std::path::PathBuf>,
 }
 
 /// Checks the sandboxes `settings` ask for (user, group, worker uids,
@@ -231,7 +239,42 @@ impl Generation {
             settings,
             sandboxes,
             slots,
+            php_runner: None,
         })
+    }
+
+    /// Where PHP workers run: the configured runner, else jobmgr's own
+    /// written into the scratch directory. Says how PHP workers run, and
+    /// warns when their `$bedrock` has no server to reach.
+    fn install_php_runner(&mut self, access: &bwm_php::Access) -> Result<(), String> {
+        let Some(php) = &self.settings.php else {
+            return Ok(());
+        };
+        let runner = match &php.runner {
+            Some(runner) => runner.clone(),
+            None => bwm_php::install_runner(&self.settings.scratch_dir).map_err(|e| {
+                format!(
+                    "cannot write the PHP runner into {}: {e}",
+                    self.settings.scratch_dir.display()
+                )
+            })?,
+        };
+        let bedrock = php.bedrock.as_ref().or(access.bedrock.as_ref());
+        tracing::info!(
+            php = %php.php.display(),
+            php_version = %php.version,
+            runner = %runner.display(),
+            bedrock = bedrock.map_or("none", String::as_str),
+            job_tokens = access.token.is_some(),
+            "PHP workers (bwm-php) run through the runner; their $bedrock client reaches the job server's Bedrock port"
+        );
+        if bedrock.is_none() {
+            tracing::warn!(
+                "PHP workers' $bedrock client has no job server to reach: pass --php-bedrock HOST:PORT (the job server's Bedrock port) if workers create jobs"
+            );
+        }
+        self.php_runner = Some(runner);
+        Ok(())
     }
 
     fn describe(&self) {
@@ -282,7 +325,15 @@ impl Supervisor {
             source,
             load,
             reload: None,
+            access: bwm_php::Access::default(),
         }
+    }
+
+    /// Tells PHP workers where the job server's Bedrock port is, and gives
+    /// their job tokens a key.
+    pub fn with_access(mut self, access: bwm_php::Access) -> Self {
+        self.access = access;
+        self
     }
 
     /// Shares the launcher thread and the cgroups with the other pools of
@@ -330,8 +381,11 @@ impl Supervisor {
             .host
             .cgroups
             .get_or_init(|| sandbox::Sandbox::cgroups(&all));
-        let generation =
+        let mut generation =
             Generation::build(Arc::clone(&settings), cgroups).map_err(SupervisorError::Io)?;
+        generation
+            .install_php_runner(&self.access)
+            .map_err(SupervisorError::Io)?;
         generation.describe();
         *self.generation.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(generation));
         let launcher = self.host.launcher()?;
@@ -350,6 +404,7 @@ impl Supervisor {
             draining: AtomicBool::new(false),
             busy_until: std::sync::Mutex::new(None),
             no_worker_lines: quieter::Quieter::new(Duration::from_secs(60)),
+            access: self.access.clone(),
         });
         let courier_stop = CancellationToken::new();
         let courier = tokio::spawn(courier(
@@ -743,8 +798,9 @@ impl Supervisor {
                 .get()
                 .cloned()
                 .unwrap_or_else(|| Err("not prepared".into()));
-            Generation::build(Arc::clone(&settings), &cgroups)
-                .map(|generation| (settings, generation))
+            let mut generation = Generation::build(Arc::clone(&settings), &cgroups)?;
+            generation.install_php_runner(&self.access)?;
+            Ok((settings, generation))
         });
         match built {
             Ok((settings, generation)) => {

@@ -81,6 +81,8 @@ pub fn decide(reason: &str, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision
                     delay_secs: 0,
                     ignore_repeat: false,
                     data,
+                    name: None,
+                    next_run: None,
                 }),
                 summary: format!(
                     "failed: {what}; giving up on this run, the job repeats at its next time"
@@ -110,6 +112,8 @@ pub fn decide(reason: &str, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision
             delay_secs: whole_seconds(delay),
             ignore_repeat: true,
             data,
+            name: None,
+            next_run: None,
         }),
         summary: format!(
             "not run: {reason}; handed back for a supervisor that has the worker, retry in {}s (failed if none runs it by {})",
@@ -159,6 +163,7 @@ mod tests {
             stderr: Capture::new(1024).finish(),
             killed: false,
             oom: false,
+            report_line: None,
         }
     }
 
@@ -189,6 +194,7 @@ mod tests {
             delay_secs,
             ignore_repeat: true,
             data: Some(data),
+            ..
         }) = first.report
         else {
             panic!("{first:?}")

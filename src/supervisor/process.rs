@@ -1,7 +1,8 @@
 //! Running one worker process: its own session and process group, a
 //! parent-death signal, the job on stdin while stdout and stderr are drained
 //! (so no payload or output size can deadlock it), progress lines read from
-//! fd 3, a timeout with SIGTERM, grace and SIGKILL to the whole group, and
+//! fd 3 (and the worker's report line among them, see
+//! [`super::report_line`]), a timeout with SIGTERM, grace and SIGKILL to the whole group, and
 //! the group killed when the worker ends, so nothing it started outlives it.
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::cgroup::JobCgroup;
 use super::launcher::Launcher;
 use super::output::{Capture, Captured};
+use super::report_line::MAX_REPORT_LINE;
 use super::sandbox::ChildSetup;
 
 /// The fd a worker writes progress lines to.
@@ -34,6 +36,8 @@ const MAX_PROGRESS_LINE: usize = 64 * 1024;
 pub struct WorkerSpec {
     /// The executable.
     pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<std::ffi::OsString>,
     /// Its whole environment.
     pub env: Vec<(String, String)>,
     /// Its working directory.
@@ -89,6 +93,8 @@ pub struct Finished {
     /// Whether the kernel killed part of the job for lack of memory (known
     /// where the job had a memory cgroup; set by the caller).
     pub oom: bool,
+    /// The last report line the worker wrote to fd 3, unread.
+    pub report_line: Option<serde_json::Value>,
 }
 
 /// Runs a worker to its end. `stop` stops it early (SIGTERM, grace,
@@ -107,6 +113,7 @@ pub async fn run(
 
     let mut command = tokio::process::Command::new(&spec.program);
     command
+        .args(&spec.args)
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd)
@@ -185,12 +192,13 @@ pub async fn run(
     // Progress written just before the end still counts: read fd 3 to its
     // end (the group is dead), as briefly as the output.
     let mut progress_task = progress_task;
-    if tokio::time::timeout(Duration::from_secs(2), &mut progress_task)
-        .await
-        .is_err()
-    {
-        progress_task.abort();
-    }
+    let report_line = match tokio::time::timeout(Duration::from_secs(2), &mut progress_task).await {
+        Ok(read) => read.ok().flatten(),
+        Err(_) => {
+            progress_task.abort();
+            None
+        }
+    };
     let stdout = collect(stdout, &stdout_capture).await;
     let stderr = collect(stderr, &stderr_capture).await;
     let ending = ending.inspect_err(|error| {
@@ -203,6 +211,7 @@ pub async fn run(
         stderr,
         killed,
         oom: false,
+        report_line,
     })
 }
 
@@ -314,29 +323,33 @@ async fn skip_line(reader: &mut (impl AsyncBufRead + Unpin)) -> bool {
     }
 }
 
+/// Reads fd 3 to its end: progress objects go to `sink`; the last report
+/// line is returned.
 async fn read_progress(
     fd: OwnedFd,
     sink: Option<mpsc::Sender<serde_json::Map<String, serde_json::Value>>>,
-) {
+) -> Option<serde_json::Value> {
     let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return;
+        return None;
     };
+    let mut report_line = None;
     let mut reader = BufReader::new(pipe);
     let mut line = Vec::new();
     let mut warned = false;
     let mut warned_long = false;
     loop {
         line.clear();
+        // Report lines may hold the job's data: read up to their limit.
         let read = (&mut reader)
-            .take(MAX_PROGRESS_LINE as u64 + 1)
+            .take(MAX_REPORT_LINE as u64 + 1)
             .read_until(b'\n', &mut line)
             .await;
         match read {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return report_line,
             // No newline within the limit: skip the rest of the line.
-            Ok(_) if line.len() > MAX_PROGRESS_LINE && line.last() != Some(&b'\n') => {
+            Ok(_) if line.len() > MAX_REPORT_LINE && line.last() != Some(&b'\n') => {
                 if !skip_line(&mut reader).await {
-                    return;
+                    return report_line;
                 }
                 if !warned_long {
                     tracing::warn!(
@@ -346,6 +359,20 @@ async fn read_progress(
                 }
             }
             Ok(_) => match serde_json::from_slice::<serde_json::Value>(&line) {
+                Ok(serde_json::Value::Object(mut object))
+                    if super::report_line::is_report_line(&object) =>
+                {
+                    report_line = object.remove(super::report_line::REPORT_KEY);
+                }
+                // Longer than a progress line may be (its newline aside).
+                _ if line.len() - usize::from(line.last() == Some(&b'\n')) > MAX_PROGRESS_LINE => {
+                    if !warned_long {
+                        tracing::warn!(
+                            "worker wrote a progress line over {MAX_PROGRESS_LINE} bytes; ignoring such lines"
+                        );
+                        warned_long = true;
+                    }
+                }
                 Ok(serde_json::Value::Object(object)) => {
                     if let Some(sink) = &sink {
                         let _ = sink.try_send(object);
@@ -405,6 +432,7 @@ mod tests {
         let seen = Arc::clone(&worker);
         let spec = WorkerSpec {
             program,
+            args: Vec::new(),
             env: vec![("PATH".into(), "/usr/bin:/bin".into())],
             cwd: dir.path().to_path_buf(),
             stdin: Vec::new(),

@@ -1,7 +1,9 @@
 //! What a finished worker means for its job: exit 0 finishes it (a JSON
 //! object on stdout's last line becomes its data), 75 (EX_TEMPFAIL) retries
 //! it later, and any other ending is retried with exponential backoff and
-//! jitter until the attempts run out, then failed. Failure details travel in
+//! jitter until the attempts run out, then failed; a worker's report line
+//! (see [`super::report_line`]) sets a retry's terms or fails the job at
+//! once. Failure details travel in
 //! the job's data under one reserved key, [`DETAILS_KEY`], since a Bedrock
 //! server keeps no other history.
 
@@ -11,14 +13,20 @@ use serde_json::{Value, json};
 
 use super::no_worker::{NO_WORKER_HAND_BACKS, NO_WORKER_SINCE, no_worker_hand_backs};
 use super::process::{Ending, Finished};
+use super::report_line::Requested;
 use crate::client::Report;
-use crate::protocol::{Data, MAX_DATA_BYTES, RunFacts, data_len};
+use crate::protocol::{Data, MAX_DATA_BYTES, RunFacts, Timestamp, data_len};
 
 /// The data key holding the last outcome's details.
 pub const DETAILS_KEY: &str = "_jobmgr";
 
 /// The exit code that asks for a retry later (sysexits' EX_TEMPFAIL).
 pub const EX_TEMPFAIL: i32 = 75;
+
+/// The least delay of a retry a worker's report line asks for: sooner (a
+/// delay of 0, a time past) is made this. The server keeps whole seconds,
+/// so at least one second passes.
+pub const MIN_REQUESTED_DELAY_SECS: i64 = 2;
 
 /// How failures are retried.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,44 +109,196 @@ pub fn decide(
             summary: "stopped: the lease was lost; the result is discarded".into(),
         };
     }
+    match requested(finished, job) {
+        Ok(decision) => decision,
+        Err(note) => {
+            let mut decision = decide_by_exit(finished, job, policy, draining);
+            decision.summary.push_str(&note);
+            decision
+        }
+    }
+}
+
+/// The worker's report line, where its exit code agrees with it: a retry
+/// with exit 75, a failure with any other code. Otherwise the note for the
+/// summary on why it was not followed (empty without a line).
+fn requested(finished: &Finished, job: JobFacts<'_>) -> Result<Decision, String> {
+    let Some(line) = &finished.report_line else {
+        return Err(String::new());
+    };
+    let requested = super::report_line::parse(line)
+        .map_err(|e| format!("; its report line was not followed: {e}"))?;
+    match (requested, &finished.ending) {
+        // The worker's work is done: whatever ends the process afterwards
+        // (a shutdown function that throws, a destructor's exit()) does
+        // not make it run again.
+        (Requested::Finish { data }, _) => {
+            let (new_data, note) = match data {
+                Some(data) => (Some(data), "; its report line holds the job's new data"),
+                None => stdout_data(finished),
+            };
+            Ok(Decision {
+                report: Some(Report::Finish {
+                    data: finished_data(new_data, job),
+                }),
+                summary: format!(
+                    "finished, as the worker's report line says ({}){note}",
+                    ending_words(finished).trim_start_matches("it ")
+                ),
+            })
+        }
+        (
+            Requested::Retry {
+                delay_secs,
+                next_run,
+                name,
+                ignore_repeat,
+                data,
+            },
+            Ending::Exited(EX_TEMPFAIL),
+        ) if !finished.oom => {
+            let (new_data, note) = match data {
+                Some(data) => (Some(data), "; its report line holds the job's new data"),
+                None => stdout_data(finished),
+            };
+            // The details of earlier runs are not the worker's to hand back.
+            let new_data = new_data.map(|mut map| {
+                map.remove(DETAILS_KEY);
+                map
+            });
+            let base = new_data.as_ref().unwrap_or(job.data);
+            // Never sooner than a second or two: a worker asking again and
+            // again for a retry now must not spin.
+            let soon = Timestamp::now().0 + MIN_REQUESTED_DELAY_SECS * 1000;
+            let (next_run, delay_secs) = match next_run {
+                Some(time) if Timestamp::parse(&time).is_some_and(|t| t.0 > soon) => {
+                    (Some(time), delay_secs)
+                }
+                Some(_) => (None, MIN_REQUESTED_DELAY_SECS),
+                None => (None, delay_secs.max(MIN_REQUESTED_DELAY_SECS)),
+            };
+            let when = match (&next_run, delay_secs) {
+                (Some(time), _) => format!("at {time}"),
+                (None, delay) => format!("in {delay}s"),
+            };
+            let renamed = name
+                .as_deref()
+                .map_or(String::new(), |n| format!(" as {n:?}"));
+            Ok(Decision {
+                report: Some(Report::Retry {
+                    delay_secs,
+                    ignore_repeat,
+                    data: with_details(base, finished, "retry", job.attempt),
+                    name,
+                    next_run,
+                }),
+                summary: format!("retry {when}{renamed}, as the worker asked (exit 75){note}"),
+            })
+        }
+        (Requested::Fail { reason }, Ending::Exited(code))
+            if *code != 0 && *code != EX_TEMPFAIL && !finished.oom =>
+        {
+            let mut data = with_details(job.data, finished, "exit", job.attempt);
+            if let Some(details) = data
+                .as_mut()
+                .and_then(|d| d.get_mut(DETAILS_KEY))
+                .and_then(Value::as_object_mut)
+                .filter(|_| !reason.is_empty())
+            {
+                details.insert("reason".into(), json!(reason));
+            }
+            Ok(Decision {
+                report: Some(Report::Fail { data }),
+                summary: format!(
+                    "FAILED: the worker failed the job (exit {code}){}",
+                    if reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {reason}")
+                    }
+                ),
+            })
+        }
+        (Requested::Retry { .. }, _) => Err(format!(
+            "; its report line asked for a retry, which needs exit 75: {}",
+            ending_words(finished)
+        )),
+        (Requested::Fail { .. }, _) => Err(format!(
+            "; its report line asked for a failure, which needs an exit code other than 0 and 75: {}",
+            ending_words(finished)
+        )),
+    }
+}
+
+/// How the worker ended, in a few words.
+fn ending_words(finished: &Finished) -> String {
+    match finished.ending {
+        _ if finished.oom => "it ran out of memory".into(),
+        Ending::Exited(code) => format!("it exited {code}"),
+        Ending::Signaled(signal) => format!("it died of {}", signal_name(signal)),
+        Ending::TimedOut => "it timed out".into(),
+        Ending::Stopped => "it was stopped".into(),
+    }
+}
+
+/// A JSON object on stdout's last line, as the job's new data, and a note
+/// for the summary on what was made of the last line.
+fn stdout_data(finished: &Finished) -> (Option<Data>, &'static str) {
+    let last_line = finished.stdout.last_line.as_deref();
+    let parsed = last_line.and_then(|line| serde_json::from_str::<Value>(line).ok());
+    match parsed {
+        Some(Value::Object(map)) if data_len(&map) <= MAX_DATA_BYTES => {
+            (Some(map), "; stdout's last line is the job's new data")
+        }
+        Some(Value::Object(_)) => (
+            None,
+            "; stdout's last line is a JSON object over 1 MiB, so the data is unchanged",
+        ),
+        _ if finished.stdout.truncated && last_line.is_none() => (
+            None,
+            "; stdout was cut by the output cap, so its last line was not read as data",
+        ),
+        None if last_line.is_some_and(|l| l.trim_start().starts_with('{')) => (
+            None,
+            "; stdout's last line is not valid JSON, so the data is unchanged",
+        ),
+        _ => (None, ""),
+    }
+}
+
+/// The data a finish sends: the worker's new data, else the data as it
+/// stands when there was progress or details to drop. The details of
+/// earlier failed runs do not outlive a success; the worker's progress does
+/// (it may not all have been sent).
+fn finished_data(new_data: Option<Data>, job: JobFacts<'_>) -> Option<Data> {
+    match new_data {
+        Some(mut map) => {
+            map.remove(DETAILS_KEY);
+            Some(map)
+        }
+        None if job.progressed || job.data.contains_key(DETAILS_KEY) => {
+            let mut map = job.data.clone();
+            map.remove(DETAILS_KEY);
+            Some(map)
+        }
+        None => None,
+    }
+}
+
+/// The report by the exit code alone.
+fn decide_by_exit(
+    finished: &Finished,
+    job: JobFacts<'_>,
+    policy: &RetryPolicy,
+    draining: bool,
+) -> Decision {
     match finished.ending {
         Ending::Exited(0) => {
-            let last_line = finished.stdout.last_line.as_deref();
-            let parsed = last_line.and_then(|line| serde_json::from_str::<Value>(line).ok());
-            let (new_data, note) = match parsed {
-                Some(Value::Object(map)) if data_len(&map) <= MAX_DATA_BYTES => {
-                    (Some(map), "; stdout's last line is the job's new data")
-                }
-                Some(Value::Object(_)) => (
-                    None,
-                    "; stdout's last line is a JSON object over 1 MiB, so the data is unchanged",
-                ),
-                _ if finished.stdout.truncated && last_line.is_none() => (
-                    None,
-                    "; stdout was cut by the output cap, so its last line was not read as data",
-                ),
-                None if last_line.is_some_and(|l| l.trim_start().starts_with('{')) => (
-                    None,
-                    "; stdout's last line is not valid JSON, so the data is unchanged",
-                ),
-                _ => (None, ""),
-            };
-            // The details of earlier failed runs do not outlive a success;
-            // the worker's progress does (it may not all have been sent).
-            let data = match new_data {
-                Some(mut map) => {
-                    map.remove(DETAILS_KEY);
-                    Some(map)
-                }
-                None if job.progressed || job.data.contains_key(DETAILS_KEY) => {
-                    let mut map = job.data.clone();
-                    map.remove(DETAILS_KEY);
-                    Some(map)
-                }
-                None => None,
-            };
+            let (new_data, note) = stdout_data(finished);
             Decision {
-                report: Some(Report::Finish { data }),
+                report: Some(Report::Finish {
+                    data: finished_data(new_data, job),
+                }),
                 summary: format!("finished (exit 0){note}"),
             }
         }
@@ -149,6 +309,8 @@ pub fn decide(
                     delay_secs: whole_seconds(delay),
                     ignore_repeat: true,
                     data: with_details(job.data, finished, "tempfail", job.attempt),
+                    name: None,
+                    next_run: None,
                 }),
                 summary: format!(
                     "asked to be retried (exit 75); retry in {}s",
@@ -161,6 +323,8 @@ pub fn decide(
                 delay_secs: 0,
                 ignore_repeat: true,
                 data: job.progressed.then(|| job.data.clone()),
+                name: None,
+                next_run: None,
             }),
             summary: "stopped by shutdown; handed back for an immediate retry".into(),
         },
@@ -202,6 +366,8 @@ fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Option<Data>, what: &s
                 delay_secs: whole_seconds(delay),
                 ignore_repeat: true,
                 data,
+                name: None,
+                next_run: None,
             }),
             summary: format!(
                 "failed: {what} (attempt {attempt} of {}); retry in {}s",
@@ -216,6 +382,8 @@ fn failure(job: JobFacts<'_>, policy: &RetryPolicy, data: Option<Data>, what: &s
                 delay_secs: 0,
                 ignore_repeat: false,
                 data,
+                name: None,
+                next_run: None,
             }),
             summary: format!(
                 "failed: {what} (attempt {attempt} of {}); giving up on this run, the job repeats at its next time",
@@ -257,6 +425,8 @@ pub fn decide_not_run(why: &NotRun, job: JobFacts<'_>, policy: &RetryPolicy) -> 
                     delay_secs: whole_seconds(delay),
                     ignore_repeat: true,
                     data: None,
+                    name: None,
+                    next_run: None,
                 }),
                 summary: format!(
                     "could not start the worker ({reason}); the machine is out of room, retry in {}s",
@@ -413,6 +583,7 @@ mod tests {
             stderr: Capture::new(1024).finish(),
             killed: false,
             oom: false,
+            report_line: None,
         }
     }
 
@@ -432,6 +603,192 @@ mod tests {
             attempt,
             repeats,
         }
+    }
+
+    fn with_line(mut finished: Finished, line: Value) -> Finished {
+        finished.report_line = Some(line);
+        finished
+    }
+
+    #[test]
+    fn a_report_line_sets_the_terms_of_a_retry_with_exit_75() {
+        let data = Data::new();
+        let line = json!({"outcome": "retry", "delay": 120, "nextRun": "2030-01-02 03:04:05",
+            "name": "a/Renamed", "ignoreRepeat": true});
+        let d = decide(
+            &with_line(
+                finished(Ending::Exited(EX_TEMPFAIL), "{\"tried\":true}\n"),
+                line,
+            ),
+            job(&data, 1, true),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Retry {
+            delay_secs: 120,
+            ignore_repeat: true,
+            data: Some(sent),
+            name: Some(name),
+            next_run: Some(next_run),
+        }) = d.report
+        else {
+            panic!("{d:?}")
+        };
+        assert_eq!(name, "a/Renamed");
+        assert_eq!(next_run, "2030-01-02 03:04:05");
+        assert_eq!(sent["tried"], true, "stdout's last line is the data");
+        assert_eq!(sent[DETAILS_KEY]["outcome"], "retry");
+        assert!(d.summary.contains("as the worker asked"), "{}", d.summary);
+    }
+
+    #[test]
+    fn a_requested_retry_is_never_sooner_than_a_second_nor_nests_old_details() {
+        let data = Data::new();
+        for line in [
+            json!({"outcome": "retry"}),
+            json!({"outcome": "retry", "delay": 0}),
+            json!({"outcome": "retry", "nextRun": "2001-01-01 00:00:00", "delay": 50}),
+        ] {
+            let stdout = "{\"n\":1,\"_jobmgr\":{\"outcome\":\"old\"}}\n";
+            let d = decide(
+                &with_line(finished(Ending::Exited(EX_TEMPFAIL), stdout), line.clone()),
+                job(&data, 1, false),
+                &policy(),
+                false,
+                false,
+            );
+            let Some(Report::Retry {
+                delay_secs,
+                next_run: None,
+                data: Some(sent),
+                ..
+            }) = d.report
+            else {
+                panic!("{line}: {d:?}")
+            };
+            assert_eq!(delay_secs, MIN_REQUESTED_DELAY_SECS, "{line}");
+            assert_eq!(sent["n"], 1);
+            assert_eq!(
+                sent[DETAILS_KEY]["outcome"], "retry",
+                "not nested: {sent:?}"
+            );
+            assert!(sent[DETAILS_KEY].get(DETAILS_KEY).is_none());
+        }
+    }
+
+    #[test]
+    fn a_finish_line_finishes_whatever_the_process_did_after_it() {
+        let data = Data::new();
+        for ending in [
+            Ending::Exited(255),
+            Ending::Exited(EX_TEMPFAIL),
+            Ending::Signaled(11),
+            Ending::TimedOut,
+        ] {
+            let line = json!({"outcome": "finish", "data": {"sent": 1, "_jobmgr": {"old": 1}}});
+            let d = decide(
+                &with_line(finished(ending, "{\"not\": \"this\"}\n"), line),
+                job(&data, 1, false),
+                &policy(),
+                false,
+                false,
+            );
+            let Some(Report::Finish { data: Some(sent) }) = d.report else {
+                panic!("{ending:?}: {d:?}")
+            };
+            assert_eq!(sent.get("sent"), Some(&json!(1)), "the line's data wins");
+            assert!(sent.get(DETAILS_KEY).is_none(), "{sent:?}");
+        }
+        // A lost lease still wins over everything.
+        let line = json!({"outcome": "finish"});
+        let d = decide(
+            &with_line(finished(Ending::Exited(0), ""), line),
+            job(&data, 1, false),
+            &policy(),
+            true,
+            false,
+        );
+        assert_eq!(d.report, None);
+    }
+
+    #[test]
+    fn a_report_line_fails_the_job_at_once_with_another_exit_code() {
+        let data = Data::new();
+        let line = json!({"outcome": "fail", "reason": "RuntimeException: boom"});
+        // Attempt 1 of 3: without the line it would be retried.
+        let d = decide(
+            &with_line(finished(Ending::Exited(1), ""), line),
+            job(&data, 1, true),
+            &policy(),
+            false,
+            false,
+        );
+        let Some(Report::Fail { data: Some(sent) }) = d.report else {
+            panic!("{d:?}")
+        };
+        assert_eq!(sent[DETAILS_KEY]["reason"], "RuntimeException: boom");
+        assert_eq!(sent[DETAILS_KEY]["exitCode"], 1);
+        assert!(
+            d.summary.contains("RuntimeException: boom"),
+            "{}",
+            d.summary
+        );
+    }
+
+    #[test]
+    fn a_report_line_the_ending_disagrees_with_or_that_does_not_read_is_not_followed() {
+        let data = Data::new();
+        let retry = json!({"outcome": "retry", "name": "a/Elsewhere"});
+        let fail = json!({"outcome": "fail"});
+        for (ending, line, kind, says) in [
+            (Ending::Exited(0), retry.clone(), "finish", "needs exit 75"),
+            (Ending::Exited(3), retry.clone(), "retry", "needs exit 75"),
+            (
+                Ending::Signaled(9),
+                fail.clone(),
+                "retry",
+                "it died of SIGKILL",
+            ),
+            (Ending::TimedOut, fail.clone(), "retry", "it timed out"),
+            (
+                Ending::Exited(0),
+                fail.clone(),
+                "finish",
+                "other than 0 and 75",
+            ),
+            (
+                Ending::Exited(EX_TEMPFAIL),
+                fail,
+                "retry",
+                "other than 0 and 75",
+            ),
+            (
+                Ending::Exited(EX_TEMPFAIL),
+                json!({"outcome": "retry", "nextRun": "soon"}),
+                "retry",
+                "nextRun",
+            ),
+        ] {
+            let d = decide(
+                &with_line(finished(ending, ""), line),
+                job(&data, 1, false),
+                &policy(),
+                false,
+                false,
+            );
+            let report = d.report.as_ref().expect("a report");
+            assert_eq!(report.kind(), kind, "{ending:?}: {d:?}");
+            if let Report::Retry { name, next_run, .. } = report {
+                assert_eq!((name, next_run), (&None, &None), "{d:?}");
+            }
+            assert!(d.summary.contains(says), "{ending:?}: {}", d.summary);
+        }
+        // Out of memory, a fail line is not a verdict of the worker's own.
+        let mut oom = with_line(finished(Ending::Exited(1), ""), json!({"outcome": "fail"}));
+        oom.oom = true;
+        let d = decide(&oom, job(&data, 1, false), &policy(), false, false);
+        assert_eq!(d.report.as_ref().map(Report::kind), Some("retry"), "{d:?}");
     }
 
     #[test]
@@ -642,7 +999,9 @@ mod tests {
             Some(Report::Retry {
                 delay_secs: 0,
                 ignore_repeat: true,
-                data: None
+                data: None,
+                name: None,
+                next_run: None,
             })
         );
     }

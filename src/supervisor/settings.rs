@@ -4,12 +4,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::bwm_php::{self, PhpSettings};
 use super::cgroup::CgroupLimits;
 use super::gate::{GateLimits, ProcLoad};
 use super::report::RetryPolicy;
 use super::sandbox::{Rlimits, SandboxSettings, parse_umask};
 use super::uids::UidRange;
-use crate::config::{ConfigError, SupervisorOptions};
+use crate::config::{ConfigError, SupervisorOptions, WorkerKind};
 use crate::protocol::{CreateJob, NamePattern, Priority, Repeat, check_data, check_name};
 
 /// Environment variables workers get from the supervisor's own environment
@@ -57,6 +58,8 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// The pool's name, when the process runs several.
     pub pool: Option<String>,
+    /// How PHP workers run, when any job's worker kind is `bwm-php`.
+    pub php: Option<PhpSettings>,
 }
 
 /// The settings that may differ by job name.
@@ -74,6 +77,10 @@ pub struct JobSettings {
     pub sandbox: SandboxSettings,
     /// The most of these jobs at once (for a `[[job]]` table).
     pub max_concurrency: Option<usize>,
+    /// What their workers are.
+    pub kind: WorkerKind,
+    /// For PHP workers: the site's bootstrap file, absolute.
+    pub php_bootstrap: Option<PathBuf>,
 }
 
 fn cpus() -> usize {
@@ -167,6 +174,19 @@ impl Settings {
                 .map_err(|e| setting(format!("[[job]] {:?}: {e}", rule.name)))?;
             rules.push((pattern, job_settings(&rule.over(options), Some(rule))?));
         }
+        let job = job_settings(options, None)?;
+        let php = std::iter::once(&job)
+            .chain(rules.iter().map(|(_, rule)| rule))
+            .any(|job| job.kind == WorkerKind::BwmPhp)
+            .then(|| {
+                PhpSettings::resolve(
+                    options.php.as_deref(),
+                    options.php_runner.as_deref(),
+                    options.php_bedrock.as_deref(),
+                )
+                .map_err(setting)
+            })
+            .transpose()?;
         let job_name = options.job_name.clone().unwrap_or_else(|| "*".into());
         NamePattern::parse(&job_name)
             .map_err(|e| setting(format!("job-name {job_name:?}: {e}")))?;
@@ -206,11 +226,12 @@ impl Settings {
                     .unwrap_or_else(|| "/proc/meminfo".into()),
                 cpu_pressure: max_cpu_pressure.map(|_| cpu_pressure_path(options)),
             },
-            job: job_settings(options, None)?,
+            job,
             rules,
             schedule: options.schedule.is_some().then_some(schedule),
             state_dir: state_dir.to_path_buf(),
             pool: None,
+            php,
         })
     }
 }
@@ -341,6 +362,13 @@ fn job_settings(
             private_tmp: options.private_tmp.unwrap_or(false),
         },
         max_concurrency,
+        kind: options.worker_kind.unwrap_or_default(),
+        php_bootstrap: options
+            .php_bootstrap
+            .as_deref()
+            .map(bwm_php::bootstrap)
+            .transpose()
+            .map_err(setting)?,
     })
 }
 
@@ -363,6 +391,30 @@ impl Settings {
         vec![
             ("job-name", text(&self.job_name)),
             ("worker-path", path(&self.worker_path)),
+            ("worker-kind", text(&job.kind.to_string())),
+            (
+                "php-bootstrap",
+                optional(job.php_bootstrap.as_deref().map(path)),
+            ),
+            ("php", optional(self.php.as_ref().map(|p| path(&p.php)))),
+            (
+                "php-runner",
+                optional(
+                    self.php
+                        .as_ref()
+                        .and_then(|p| p.runner.as_deref())
+                        .map(path),
+                ),
+            ),
+            (
+                "php-bedrock",
+                optional(
+                    self.php
+                        .as_ref()
+                        .and_then(|p| p.bedrock.as_deref())
+                        .map(text),
+                ),
+            ),
             ("max-load", format!("{:.2}", self.gate.max_load)),
             ("min-memory", size(self.gate.min_available_memory)),
             ("max-workers", self.gate.max_workers.to_string()),

@@ -161,6 +161,8 @@ mod tests {
                 delay_secs: 5,
                 ignore_repeat: true,
                 data: None,
+                name: None,
+                next_run: None,
             },
             run: Some(crate::protocol::RunFacts {
                 exit_code: Some(3),

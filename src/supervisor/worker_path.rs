@@ -1,5 +1,6 @@
 //! Which executable runs a job: the last `/` segment of the job's name
-//! (without any `?query`), found directly in the worker path. A name that is
+//! (without any `?query`), found directly in the worker path (for PHP
+//! workers, that name with `.php`, which must be a PHP class name). A name that is
 //! not a plain file name, or whose file resolves outside the worker path, is
 //! refused: nothing outside the worker path is ever executed.
 
@@ -28,6 +29,11 @@ pub enum NoWorker {
     /// The file is not executable.
     #[error("worker {0} is not executable; chmod +x it")]
     NotExecutable(PathBuf),
+    /// For a PHP worker: the name is not a PHP class name.
+    #[error(
+        "job name {0:?} does not name a PHP worker class: the part after the last '/' must match [A-Za-z_][A-Za-z0-9_]*"
+    )]
+    NotAClass(String),
 }
 
 /// The directory workers are found in.
@@ -70,7 +76,28 @@ impl WorkerPath {
 
     /// The executable for a job name.
     pub fn resolve(&self, job_name: &str) -> Result<PathBuf, NoWorker> {
+        let resolved = self.file(Self::worker_name(job_name)?)?;
+        let mode = std::fs::metadata(&resolved).map_or(0, |m| m.permissions().mode());
+        if mode & 0o111 == 0 {
+            return Err(NoWorker::NotExecutable(
+                self.root.join(Self::worker_name(job_name)?),
+            ));
+        }
+        Ok(resolved)
+    }
+
+    /// The PHP class file for a job name: `www-prod/SendEmail?x=1` →
+    /// `SendEmail.php`, which need not be executable.
+    pub fn resolve_class(&self, job_name: &str) -> Result<PathBuf, NoWorker> {
         let name = Self::worker_name(job_name)?;
+        if !super::bwm_php::is_class_name(name) {
+            return Err(NoWorker::NotAClass(job_name.chars().take(200).collect()));
+        }
+        self.file(&format!("{name}.php"))
+    }
+
+    /// A regular file of this name directly in the worker path.
+    fn file(&self, name: &str) -> Result<PathBuf, NoWorker> {
         let candidate = self.root.join(name);
         let resolved = match candidate.canonicalize() {
             Ok(resolved) => resolved,
@@ -83,9 +110,6 @@ impl WorkerPath {
             std::fs::metadata(&resolved).map_err(|_| NoWorker::NotFound(candidate.clone()))?;
         if !metadata.is_file() {
             return Err(NoWorker::NotAFile(candidate));
-        }
-        if metadata.permissions().mode() & 0o111 == 0 {
-            return Err(NoWorker::NotExecutable(candidate));
         }
         Ok(resolved)
     }
@@ -150,6 +174,30 @@ mod tests {
         assert!(matches!(
             path.resolve("Missing"),
             Err(NoWorker::NotFound(_))
+        ));
+        // A PHP class file need not be executable; its name must be a class.
+        std::fs::write(workers.join("SendEmail.php"), "<?php").unwrap();
+        symlink(outside.with_extension("php"), workers.join("Out.php")).unwrap();
+        std::fs::write(outside.with_extension("php"), "<?php").unwrap();
+        assert_eq!(
+            path.resolve_class("www/SendEmail?x=1").unwrap(),
+            workers.join("SendEmail.php").canonicalize().unwrap()
+        );
+        assert!(matches!(
+            path.resolve_class("Good"),
+            Err(NoWorker::NotFound(_))
+        ));
+        assert!(matches!(
+            path.resolve_class("a-b"),
+            Err(NoWorker::NotAClass(_))
+        ));
+        assert!(matches!(
+            path.resolve_class("x.php"),
+            Err(NoWorker::NotAClass(_))
+        ));
+        assert!(matches!(
+            path.resolve_class("Out"),
+            Err(NoWorker::Outside(_))
         ));
         // "../outside" names DIR/outside, which does not exist: nothing outside runs.
         assert!(matches!(

@@ -10,220 +10,13 @@
 mod fuzz;
 mod rules;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::common::bedrock_conn::{Conn, Response};
 use crate::common::*;
-
-// ----- A Bedrock client over a raw socket -------------------------------------
-
-/// One response: status line, headers and body.
-#[derive(Debug, Clone, PartialEq)]
-struct Response {
-    status: String,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Response {
-    /// The status number.
-    fn code(&self) -> u16 {
-        self.status
-            .split(' ')
-            .next()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// The body of a `200 OK` as JSON; panics otherwise.
-    #[track_caller]
-    fn json(&self) -> Value {
-        assert_eq!(self.status, "200 OK", "response: {self:?}");
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
-    }
-
-    /// An error: exactly this status line and an empty body.
-    #[track_caller]
-    fn assert_error(&self, line: &str) {
-        assert_eq!(self.status, line, "response: {self:?}");
-        assert_eq!(self.body, "", "an error has an empty body");
-        assert_eq!(self.content_length(), 0);
-    }
-
-    /// One of these error lines, with an empty body.
-    #[track_caller]
-    fn assert_error_one_of(&self, lines: &[&str]) {
-        assert!(lines.contains(&self.status.as_str()), "response: {self:?}");
-        assert_eq!(self.body, "");
-        assert_eq!(self.content_length(), 0);
-    }
-
-    /// `202 Successfully queued` (the answer to `Connection: forget`).
-    #[track_caller]
-    fn assert_queued_202(&self) {
-        assert_eq!(self.status, "202 Successfully queued", "response: {self:?}");
-        assert_eq!(self.body, "");
-        assert_eq!(self.content_length(), 0);
-    }
-
-    /// `200 OK` with an empty body and `Content-Length: 0`.
-    #[track_caller]
-    fn assert_empty_ok(&self) {
-        assert_eq!(self.status, "200 OK", "response: {self:?}");
-        assert_eq!(self.body, "");
-        assert_eq!(self.content_length(), 0);
-    }
-
-    fn content_length(&self) -> usize {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-            .map(|(_, v)| v.parse().expect("Content-Length is a number"))
-            .expect("Content-Length is present")
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Reads one response from the front of `buf`: `None` if it is not all
-/// there yet. Panics on a response without `Content-Length`.
-fn parse_response(buf: &[u8]) -> Option<(Response, usize)> {
-    let head_end = find(buf, b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&buf[..head_end]).expect("response head is UTF-8");
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap_or_default().to_string();
-    let headers: Vec<(String, String)> = lines
-        .map(|line| {
-            let (name, value) = line
-                .split_once(':')
-                .unwrap_or_else(|| panic!("response header without ':' in {head:?}"));
-            (name.trim().to_string(), value.trim().to_string())
-        })
-        .collect();
-    let length: usize = headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-        .unwrap_or_else(|| panic!("response without Content-Length: {head:?}"))
-        .1
-        .parse()
-        .expect("Content-Length is a number");
-    let end = head_end + 4 + length;
-    if buf.len() < end {
-        return None;
-    }
-    let body = String::from_utf8(buf[head_end + 4..end].to_vec()).expect("body is UTF-8");
-    Some((
-        Response {
-            status,
-            headers,
-            body,
-        },
-        end,
-    ))
-}
-
-/// A connection to the Bedrock port that reads whole responses.
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-/// The safety net on every socket read; no test relies on it.
-const READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-impl Conn {
-    fn open(addr: &str) -> Conn {
-        assert!(!addr.is_empty(), "the server reported no Bedrock address");
-        let stream = TcpStream::connect(addr).expect("connect to the Bedrock port");
-        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-        stream.set_nodelay(true).unwrap();
-        Conn {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).expect("send");
-    }
-
-    /// The next response, or `None` if the server closed the connection
-    /// first. Panics if nothing comes within the read timeout.
-    fn next_response(&mut self) -> Option<Response> {
-        loop {
-            if let Some((response, used)) = parse_response(&self.buf) {
-                self.buf.drain(..used);
-                return Some(response);
-            }
-            let mut chunk = [0u8; 16 * 1024];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == ErrorKind::ConnectionReset => return None,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => panic!(
-                    "no response within {:?} ({e}); have {:?}",
-                    self.stream.read_timeout().unwrap(),
-                    String::from_utf8_lossy(&self.buf)
-                ),
-            }
-        }
-    }
-
-    #[track_caller]
-    fn read_response(&mut self) -> Response {
-        match self.next_response() {
-            Some(response) => response,
-            None => panic!(
-                "connection closed before a whole response; have {:?}",
-                String::from_utf8_lossy(&self.buf)
-            ),
-        }
-    }
-
-    #[track_caller]
-    fn call(&mut self, bytes: &[u8]) -> Response {
-        self.send(bytes);
-        self.read_response()
-    }
-
-    #[track_caller]
-    fn responses(&mut self, n: usize) -> Vec<Response> {
-        (0..n).map(|_| self.read_response()).collect()
-    }
-
-    /// Asserts the server closes the connection with nothing more to say.
-    #[track_caller]
-    fn assert_closed(&mut self) {
-        if let Some(response) = self.next_response() {
-            panic!("expected the connection to close, got {response:?}");
-        }
-        assert!(
-            self.buf.is_empty(),
-            "the connection closed after a partial response {:?}",
-            String::from_utf8_lossy(&self.buf)
-        );
-    }
-
-    /// Asserts that nothing arrives for `for_how_long` (a short check that
-    /// an incomplete request is not answered early).
-    #[track_caller]
-    fn assert_quiet(&mut self, for_how_long: Duration) {
-        self.stream.set_read_timeout(Some(for_how_long)).unwrap();
-        let mut byte = [0u8; 1];
-        match self.stream.read(&mut byte) {
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            other => panic!("expected silence, got {other:?} {byte:?}"),
-        }
-        self.stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
-    }
-}
 
 /// A request: the method line, the fixtures' `Token`, `Name: value`
 /// headers and a blank line, with `\r\n` line ends.
@@ -1094,9 +887,10 @@ fn header_escapes_are_undone_in_name_and_repeat() {
         .assert_error(
             "402 Malformed name: control characters (newline, tab, escape, ...) are not allowed",
         );
-    // Incomplete or unknown escapes are kept as written.
+    // An escaped character stands for itself, as in Bedrock; an incomplete
+    // \u escape is kept as written.
     let kept = create(&mut conn, &[("name", r"\q\uZZ\u12")]);
-    assert_eq!(server.api().job(kept)["name"], r"\q\uZZ\u12");
+    assert_eq!(server.api().job(kept)["name"], r"q\uZZ\u12");
 }
 
 #[test]
@@ -1911,4 +1705,45 @@ fn connection_flood_gets_503_and_the_port_serves_again() {
         "RSS grew from {before} KiB to {during} / {after} KiB"
     );
     assert!(!server.stderr().contains("panicked"));
+}
+
+#[test]
+fn json_headers_escaped_as_bedrock_php_sends_them_read_as_bedrock_reads_them() {
+    let server = Server::start();
+    let mut conn = Conn::open(&server.bedrock);
+    // Bedrock-PHP sends `addcslashes(json_encode($data), '\\')`, and Bedrock
+    // unescapes every header: a slash, non-ASCII text, a line break, a
+    // backslash and a quote come back as they were.
+    let want = json!({"name": "env/Renamed", "text": "café", "lines": "a\nb",
+        "path": "C:\\dir", "quote": "say \"hi\""});
+    let php_json = r#"{"name":"env\/Renamed","text":"caf\u00e9","lines":"a\nb","path":"C:\\dir","quote":"say \"hi\""}"#;
+    let escaped = php_json.replace('\\', "\\\\");
+    let id = create(&mut conn, &[("name", "esc/php"), ("data", &escaped)]);
+    assert_eq!(query(&mut conn, id)["data"], want);
+    // FinishJob's data is read the same way: nothing doubles up run to run.
+    let job = get_job(&mut conn, "esc/php");
+    assert_eq!(job["data"], want);
+    let answer = conn.call(&req(
+        "RetryJob",
+        &[
+            ("jobID", &id.to_string()),
+            ("data", &escaped),
+            ("delay", "0"),
+        ],
+    ));
+    assert!(answer.status.starts_with("200"), "{answer:?}");
+    assert_eq!(query(&mut conn, id)["data"], want);
+    // A client that sends its JSON unescaped is read as sent where only
+    // that reads (a JSON escape such as \" would not survive unescaping).
+    let id = create(
+        &mut conn,
+        &[
+            ("name", "esc/raw"),
+            ("data", r#"{"q":"say \"hi\"","n":"a\nb"}"#),
+        ],
+    );
+    assert_eq!(
+        query(&mut conn, id)["data"],
+        json!({"q": "say \"hi\"", "n": "a\nb"})
+    );
 }

@@ -274,6 +274,8 @@ async fn retry_requeues_the_job_after_its_delay_with_new_data() {
         delay_secs: 600,
         ignore_repeat: false,
         data: Some(data(json!({"try": 2}))),
+        name: None,
+        next_run: None,
     };
     source.report(job.id, None, &report).await.expect("retry");
     let after = query(&api, id).await;
@@ -290,6 +292,32 @@ async fn retry_requeues_the_job_after_its_delay_with_new_data() {
         .await
         .expect("get_jobs");
     assert!(due.is_empty(), "a delayed job is not due: {due:?}");
+}
+
+#[tokio::test]
+async fn a_retry_carries_a_new_name_and_an_explicit_time() {
+    let server = Server::start();
+    let api = http(&server);
+    let source = bedrock(&server);
+    let id = create(&api, json!({"name": "bc/rename"})).await;
+    let job = take(&source, "bc/rename").await;
+    let report = Report::Retry {
+        delay_secs: 5,
+        ignore_repeat: true,
+        data: None,
+        name: Some("bc/renamed".into()),
+        next_run: Some("2031-02-03 04:05:06".into()),
+    };
+    source
+        .report(job.id, job.lease.as_deref(), &report)
+        .await
+        .expect("retry");
+    let after = query(&api, id).await;
+    assert_eq!(after["name"], "bc/renamed", "{after}");
+    assert_eq!(
+        after["nextRun"], "2031-02-03 04:05:06",
+        "the time wins over the delay: {after}"
+    );
 }
 
 #[tokio::test]
@@ -354,6 +382,8 @@ async fn reports_on_jobs_that_are_not_held_are_refused() {
             delay_secs: 0,
             ignore_repeat: false,
             data: None,
+            name: None,
+            next_run: None,
         },
         Report::Fail { data: None },
     ] {
@@ -989,6 +1019,8 @@ async fn answers_map_to_errors_by_status_class() {
         delay_secs: -5,
         ignore_repeat: false,
         data: Some(data(json!({"a": [1, 2]}))),
+        name: None,
+        next_run: None,
     };
     source.report(9, None, &retry).await.expect("retry");
 

@@ -165,6 +165,18 @@ fn localised(text: &str, dir: &Path) -> String {
             &format!("worker-path = {dir}"),
         );
     }
+    // The PHP files named must exist: a file of this directory's stands in.
+    let php_file = Path::new(&dir.trim_matches('"')).join("bootstrap.php");
+    std::fs::write(&php_file, "<?php\n").expect("a PHP file");
+    for path in [
+        "/code/bootstrap.php",
+        "/usr/share/jobmgr/bwm-php-runner.php",
+    ] {
+        out = out.replace(
+            &format!("{path:?}"),
+            &format!("{:?}", php_file.display().to_string()),
+        );
+    }
     for user in ["jobmgr", "batch"] {
         out = out.replace(
             &format!("user = \"{user}\""),

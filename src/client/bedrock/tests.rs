@@ -259,7 +259,8 @@ fn requests_never_carry_a_line_break_in_a_value() {
             "UpdateJob",
             "jobID: 5",
             "name: a\\nb\\\\c",
-            r#"data: {"msg":"one\r\ntwo \\ \"three\""}"#,
+            // Escaped as Bedrock-PHP escapes JSON: Bedrock unescapes it.
+            r#"data: {"msg":"one\\r\\ntwo \\\\ \\"three\\""}"#,
             "",
             ""
         ]

@@ -10,19 +10,27 @@
 //! `HandBackJob` puts back, under its lease, a job its holder never started,
 //! as it was before the hand-out. A request without these fields is
 //! answered exactly as Bedrock answers it.
+//!
+//! Tags and tracking (qless's): CreateJob(s) take `tags`, a JSON array;
+//! UpdateJob takes `addTags` and `removeTags` (with them, `data` may be left
+//! out to change only the tags); `TrackJob` and `UntrackJob` take a
+//! `jobID`; QueryJob shows `tags` when the job has some and `tracked` when
+//! it is tracked, and nothing new otherwise.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use super::frame::Request;
-use crate::protocol::view::HandOut;
+use super::frame::{self, Request};
+use crate::protocol::tags::parse_tags;
+use crate::protocol::view::{HandOut, add_bedrock_labels};
 use crate::protocol::{
-    CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, NamePattern,
-    Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, UpdateJob, check_name, parse_data,
-    parse_flag, parse_job_id, parse_job_ids, parse_num_results, parse_time,
+    ChangeDepends, CreateJob, Data, FailJob, FinishJob, GetJobs, Job, JobError, JobId, Labels,
+    LeaseTerm, NamePattern, Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, TagChange,
+    UpdateJob, check_name, parse_data, parse_depends, parse_flag, parse_job_id, parse_job_ids,
+    parse_num_results, parse_time,
 };
-use crate::server::queue::Queue;
+use crate::server::queue::{DependencyView, Queue};
 
 /// The longest a `Connection: wait` GetJob is held: one hour.
 pub const MAX_WAIT: Duration = Duration::from_secs(3600);
@@ -57,8 +65,13 @@ impl Answer {
 
     /// The answer for an error.
     pub fn error(error: &JobError) -> Self {
+        Answer::refusal(error.status_line())
+    }
+
+    /// A refusal with this status line and an empty body.
+    pub fn refusal(status_line: impl Into<String>) -> Self {
         Answer {
-            status_line: error.status_line(),
+            status_line: status_line.into(),
             body: String::new(),
             handouts: Vec::new(),
         }
@@ -66,13 +79,13 @@ impl Answer {
 }
 
 /// A request's parameters: headers first, then fields of a JSON object body.
-struct Params<'a> {
+pub(super) struct Params<'a> {
     request: &'a Request,
     body: Option<Map<String, Value>>,
 }
 
 impl<'a> Params<'a> {
-    fn new(request: &'a Request) -> Self {
+    pub(super) fn new(request: &'a Request) -> Self {
         let body = (!request.body.is_empty())
             .then(|| serde_json::from_slice::<Value>(&request.body).ok())
             .flatten()
@@ -108,8 +121,18 @@ impl<'a> Params<'a> {
     fn json_text(&self, name: &str) -> Option<String> {
         match self.request.raw_header(name) {
             Some("") => None,
-            Some(raw) if serde_json::from_str::<Value>(raw).is_ok() => Some(raw.to_string()),
-            Some(_) => self.request.header(name),
+            Some(raw) => {
+                // Bedrock unescapes every header (Bedrock-PHP escapes the
+                // backslashes of the JSON it sends); a client that sent its
+                // JSON unescaped is read as sent when only that reads.
+                let unescaped = frame::unescape(raw);
+                let reads = |text: &str| serde_json::from_str::<Value>(text).is_ok();
+                if !reads(&unescaped) && reads(raw) {
+                    Some(raw.to_string())
+                } else {
+                    Some(unescaped)
+                }
+            }
             None => self.body_field(name).filter(|v| !v.is_empty()),
         }
     }
@@ -119,7 +142,7 @@ impl<'a> Params<'a> {
         self.text("lease")
     }
 
-    fn job_id(&self) -> Result<JobId, JobError> {
+    pub(super) fn job_id(&self) -> Result<JobId, JobError> {
         parse_job_id("jobID", &self.text("jobID").unwrap_or_default())
     }
 
@@ -143,7 +166,7 @@ impl<'a> Params<'a> {
 }
 
 /// The commands the port answers (lower-cased), for counting requests.
-const COMMANDS: [&str; 14] = [
+const COMMANDS: [&str; 19] = [
     "createjob",
     "createjobs",
     "getjob",
@@ -158,97 +181,117 @@ const COMMANDS: [&str; 14] = [
     "requeuejobs",
     "heartbeat",
     "handbackjob",
+    "trackjob",
+    "untrackjob",
+    "setthrottle",
+    "deletethrottle",
+    "getthrottles",
 ];
 
 /// Runs one request and answers it; errors become their status lines.
 pub async fn run(queue: &Queue, request: &Request) -> Answer {
-    let method = request.method.to_ascii_lowercase();
-    let known = COMMANDS.iter().find(|c| **c == method).copied();
-    crate::metrics::server_request("bedrock", known.unwrap_or("unknown"), "");
+    count(request);
     match dispatch(queue, request).await {
         Ok(answer) => answer,
         Err(error) => Answer::error(&error),
     }
 }
 
+/// Counts a request by its command.
+pub(super) fn count(request: &Request) {
+    let method = request.method.to_ascii_lowercase();
+    let known = COMMANDS.iter().find(|c| **c == method).copied();
+    crate::metrics::server_request("bedrock", known.unwrap_or("unknown"), "");
+}
+
 async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> {
     let params = Params::new(request);
     let method = request.method.to_ascii_lowercase();
     match method.as_str() {
-        "createjob" => {
-            let cmd = create_job(&|name| params.text(name), &|name| params.json_text(name))?;
-            let key = params.text("idempotencyKey");
-            let ids = queue.create_with_key(key, vec![cmd]).await?;
-            Ok(Answer::ok(json!({"jobID": ids.first()})))
-        }
-        "createjobs" => {
-            let jobs = params.json_text("jobs").ok_or(JobError::InvalidJson)?;
-            let jobs: Vec<Value> = match serde_json::from_str(&jobs) {
-                Ok(Value::Array(jobs)) if !jobs.is_empty() => jobs,
-                _ => return Err(JobError::InvalidJson),
-            };
-            let cmds = jobs
-                .iter()
-                .map(|job| {
-                    // An element that is not a job at all (`[{}]`, `[1]`)
-                    // makes the list invalid; a job with a bad parameter
-                    // gets that parameter's error, as CreateJob does.
-                    let Value::Object(job) = job else {
-                        return Err(JobError::InvalidJson);
-                    };
-                    if job.is_empty() {
-                        return Err(JobError::InvalidJson);
-                    }
-                    let field = |name: &str| -> Option<String> {
-                        job.get(name)
-                            .map(|v| match v {
-                                Value::String(s) => s.clone(),
-                                other => other.to_string(),
-                            })
-                            .filter(|v| !v.is_empty())
-                    };
-                    create_job(&field, &field)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let key = params.text("idempotencyKey");
-            let ids = queue.create_with_key(key, cmds).await?;
-            Ok(Answer::ok(json!({"jobIDs": ids})))
+        "createjob" | "createjobs" => {
+            let many = method == "createjobs";
+            create(queue, &params, creates(&params, many)?, many, None).await
         }
         "getjob" | "getjobs" => get_jobs(queue, request, &params, method == "getjobs").await,
         "queryjob" => {
-            let job = queue.query(params.job_id()?).await?;
-            Ok(Answer::ok(json!({
-                "created": job.created.to_string(),
-                "jobID": job.id,
-                "state": job.state.as_str(),
-                "name": job.name,
-                "nextRun": job.next_run.to_string(),
-                "lastRun": job.last_run.map(|t| t.to_string()).unwrap_or_default(),
-                "repeat": job.repeat,
-                "data": Value::Object(job.data),
-                "retryAfter": job.retry_after,
-                "priority": job.priority.value(),
-            })))
+            let (job, labels, dependencies) = queue.query_in_full(params.job_id()?).await?;
+            Ok(query_answer_with(job, &labels, &dependencies))
         }
         "updatejob" => {
             let id = params.job_id()?;
-            let data = params.data()?.ok_or(JobError::Missing("data"))?;
-            let cmd = UpdateJob {
-                id,
-                data,
-                repeat: params
-                    .text("repeat")
-                    .map(|r| Repeat::parse(&r))
-                    .transpose()?,
-                clear_repeat: params.flag("shouldClearRepeat")?,
-                priority: params.priority()?,
-                next_run: params
-                    .text("nextRun")
-                    .map(|t| parse_time("nextRun", &t))
-                    .transpose()?,
-                lease: params.lease(),
+            let tags = tag_change(&params, id)?;
+            let depends = depends_change(&params, id)?;
+            let data = params.data()?;
+            let updates_fields = [
+                "repeat",
+                "shouldClearRepeat",
+                "jobPriority",
+                "priority",
+                "nextRun",
+            ]
+            .iter()
+            .any(|name| params.text(name).is_some());
+            let cmd = match data {
+                Some(data) => Some(UpdateJob {
+                    id,
+                    data,
+                    repeat: params
+                        .text("repeat")
+                        .map(|r| Repeat::parse(&r))
+                        .transpose()?,
+                    clear_repeat: params.flag("shouldClearRepeat")?,
+                    priority: params.priority()?,
+                    next_run: params
+                        .text("nextRun")
+                        .map(|t| parse_time("nextRun", &t))
+                        .transpose()?,
+                    lease: params.lease(),
+                }),
+                // Without data, UpdateJob may only change tags and
+                // dependencies.
+                None if (tags.is_some() || depends.is_some()) && !updates_fields => None,
+                None => return Err(JobError::Missing("data")),
             };
-            queue.update(cmd).await?;
+            match (depends, tags, cmd) {
+                (Some(change), tags, cmd) => {
+                    queue.change_depends(change, cmd).await?;
+                    if let Some(tags) = tags {
+                        queue.update_and_tag(None, tags).await?;
+                    }
+                }
+                (None, Some(tags), cmd) => queue.update_and_tag(cmd, tags).await?,
+                (None, None, Some(cmd)) => queue.update(cmd).await?,
+                (None, None, None) => return Err(JobError::Missing("data")),
+            }
+            Ok(Answer::empty())
+        }
+        "setthrottle" => {
+            let glob = params.text("glob").ok_or(JobError::Missing("glob"))?;
+            let max = params.text("max").ok_or(JobError::Missing("max"))?;
+            let max: i64 = max
+                .trim()
+                .parse()
+                .map_err(|_| JobError::BadThrottle(format!("max {max:?} is not a whole number")))?;
+            crate::server::queue::throttles::check(&glob, Some(max))
+                .map_err(JobError::BadThrottle)?;
+            queue.set_throttle(glob, max).await?;
+            Ok(Answer::empty())
+        }
+        "deletethrottle" => {
+            let glob = params.text("glob").ok_or(JobError::Missing("glob"))?;
+            crate::server::queue::throttles::check(&glob, None).map_err(JobError::BadThrottle)?;
+            if !queue.delete_throttle(glob).await? {
+                return Err(JobError::NoSuchThrottle);
+            }
+            Ok(Answer::empty())
+        }
+        "getthrottles" => Ok(Answer::ok(json!({"throttles": queue.throttles().await?}))),
+        "trackjob" => {
+            queue.track(params.job_id()?).await?;
+            Ok(Answer::empty())
+        }
+        "untrackjob" => {
+            queue.untrack(params.job_id()?).await?;
             Ok(Answer::empty())
         }
         "finishjob" => {
@@ -329,6 +372,139 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
     }
 }
 
+/// The jobs a CreateJob (one) or CreateJobs (`many`) asks for, checked.
+pub(super) fn creates(params: &Params<'_>, many: bool) -> Result<Vec<CreateJob>, JobError> {
+    if !many {
+        let cmd = create_job(&|name| params.text(name), &|name| params.json_text(name))?;
+        return Ok(vec![cmd]);
+    }
+    let jobs = params.json_text("jobs").ok_or(JobError::InvalidJson)?;
+    let jobs: Vec<Value> = match serde_json::from_str(&jobs) {
+        Ok(Value::Array(jobs)) if !jobs.is_empty() => jobs,
+        _ => return Err(JobError::InvalidJson),
+    };
+    jobs.iter()
+        .map(|job| {
+            // An element that is not a job at all (`[{}]`, `[1]`) makes the
+            // list invalid; a job with a bad parameter gets that
+            // parameter's error, as CreateJob does.
+            let Value::Object(job) = job else {
+                return Err(JobError::InvalidJson);
+            };
+            if job.is_empty() {
+                return Err(JobError::InvalidJson);
+            }
+            let field = |name: &str| -> Option<String> {
+                job.get(name)
+                    .map(|v| match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    })
+                    .filter(|v| !v.is_empty())
+            };
+            create_job(&field, &field)
+        })
+        .collect()
+}
+
+/// Creates `cmds` (idempotently with an `idempotencyKey`, within `scope`
+/// when it is a job token's) and answers as CreateJob (`{"jobID"}`) or
+/// CreateJobs (`many`, `{"jobIDs"}`) does.
+pub(super) async fn create(
+    queue: &Queue,
+    params: &Params<'_>,
+    cmds: Vec<CreateJob>,
+    many: bool,
+    scope: Option<JobId>,
+) -> Result<Answer, JobError> {
+    let key = params.text("idempotencyKey").map(|key| match scope {
+        // A job's keys are its own: a worker can neither take a key the
+        // server's clients use nor see what they created with it.
+        Some(job) => format!("job {job}: {key}"),
+        None => key,
+    });
+    let ids = queue.create_with_key(key, cmds).await?;
+    Ok(if many {
+        Answer::ok(json!({"jobIDs": ids}))
+    } else {
+        Answer::ok(json!({"jobID": ids.first()}))
+    })
+}
+
+/// UpdateJob's change of tags: `addTags` and `removeTags`, JSON arrays;
+/// `None` when neither is given.
+fn tag_change(params: &Params<'_>, id: JobId) -> Result<Option<TagChange>, JobError> {
+    let add = params.json_text("addTags");
+    let remove = params.json_text("removeTags");
+    if add.is_none() && remove.is_none() {
+        return Ok(None);
+    }
+    let list = |param: &str, text: Option<String>| {
+        text.map(|t| parse_tags(param, &t))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
+    Ok(Some(TagChange {
+        id,
+        add: list("addTags", add)?,
+        remove: list("removeTags", remove)?,
+    }))
+}
+
+/// UpdateJob's change of dependencies: `addDepends` and `removeDepends`,
+/// JSON arrays of jobIDs; `None` when neither is given.
+fn depends_change(params: &Params<'_>, id: JobId) -> Result<Option<ChangeDepends>, JobError> {
+    let add = params.json_text("addDepends");
+    let remove = params.json_text("removeDepends");
+    if add.is_none() && remove.is_none() {
+        return Ok(None);
+    }
+    let list = |param: &'static str, text: Option<String>| {
+        text.map(|t| parse_depends(param, &t))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
+    Ok(Some(ChangeDepends {
+        id,
+        add: list("addDepends", add)?,
+        remove: list("removeDepends", remove)?,
+    }))
+}
+
+/// QueryJob's answer about `job` (see [`query_answer`]), with
+/// `dependencies` and `dependents` when it has any.
+fn query_answer_with(job: Job, labels: &Labels, dependencies: &DependencyView) -> Answer {
+    let mut answer = query_answer(job, labels);
+    if !dependencies.is_empty()
+        && let Ok(Value::Object(mut object)) = serde_json::from_str::<Value>(&answer.body)
+    {
+        dependencies.add_to(&mut object);
+        answer.body = Value::Object(object).to_string();
+    }
+    answer
+}
+
+/// QueryJob's answer about `job`: Bedrock's, plus `tags` when it has some
+/// and `tracked` when it is.
+pub(super) fn query_answer(job: Job, labels: &Labels) -> Answer {
+    let Value::Object(mut out) = json!({
+        "created": job.created.to_string(),
+        "jobID": job.id,
+        "state": job.state.as_str(),
+        "name": job.name,
+        "nextRun": job.next_run.to_string(),
+        "lastRun": job.last_run.map(|t| t.to_string()).unwrap_or_default(),
+        "repeat": job.repeat,
+        "data": Value::Object(job.data),
+        "retryAfter": job.retry_after,
+        "priority": job.priority.value(),
+    }) else {
+        unreachable!("a JSON object literal")
+    };
+    add_bedrock_labels(&mut out, labels);
+    Answer::ok(Value::Object(out))
+}
+
 /// A RetryJob `delay` in seconds. Digits too many for 64 bits read as the
 /// largest delay, which the queue refuses as `402 Malformed delay` (more
 /// than 8 digits) if it applies the delay at all.
@@ -380,6 +556,14 @@ fn create_job(
         retry_after: text("retryAfter")
             .map(|r| RetryAfter::parse(&r))
             .transpose()?,
+        tags: json("tags")
+            .map(|t| parse_tags("tags", &t))
+            .transpose()?
+            .unwrap_or_default(),
+        depends: json("depends")
+            .map(|d| parse_depends("depends", &d))
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 

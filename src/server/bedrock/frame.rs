@@ -237,8 +237,11 @@ impl FrameReader {
     }
 }
 
-/// Undoes Bedrock's header escapes: `\n`, `\r`, `\t`, `\\` and `\uXXXX`.
-/// Any other or incomplete escape is kept as written.
+/// Undoes Bedrock's header escapes as Bedrock's own parser does
+/// (`SUnescape`): `\b`, `\f`, `\n`, `\r`, `\t` and `\uXXXX` are the
+/// characters they name, and a backslash before any other character stands
+/// for that character (`\\`, `\"`, `\/`). A `\u` without four hex digits
+/// of a character, and a trailing backslash, are kept as written.
 pub fn unescape(value: &str) -> String {
     if !value.contains('\\') {
         return value.to_string();
@@ -263,9 +266,13 @@ pub fn unescape(value: &str) -> String {
                 chars.next();
                 out.push('\t');
             }
-            Some('\\') => {
+            Some('b') => {
                 chars.next();
-                out.push('\\');
+                out.push('\u{8}');
+            }
+            Some('f') => {
+                chars.next();
+                out.push('\u{c}');
             }
             Some('u') => {
                 let hex: String = chars.clone().skip(1).take(4).collect();
@@ -283,7 +290,11 @@ pub fn unescape(value: &str) -> String {
                     None => out.push('\\'),
                 }
             }
-            _ => out.push('\\'),
+            Some(other) => {
+                chars.next();
+                out.push(other);
+            }
+            None => out.push('\\'),
         }
     }
     out
@@ -398,7 +409,9 @@ mod tests {
         assert_eq!(unescape(r"a\nb\tc\\d\u00e9"), "a\nb\tc\\dé");
         assert_eq!(unescape(r"trailing\"), "trailing\\");
         assert_eq!(unescape(r"\uZZZZ"), "\\uZZZZ");
-        assert_eq!(unescape(r#"{\"a\":1}"#), r#"{\"a\":1}"#);
+        // Any other escaped character stands for itself, as in Bedrock.
+        assert_eq!(unescape(r#"{\"a\":\"b\/c\"}"#), r#"{"a":"b/c"}"#);
+        assert_eq!(unescape(r"\b\f\x"), "\u{8}\u{c}x");
     }
 
     #[test]

@@ -12,9 +12,14 @@
 //! Idle time is counted from the last answer: bytes that make no request
 //! (blank lines) do not restart it, and bytes of an unfinished request run
 //! under the request's own time limit from its first byte.
+//!
+//! Every request's `Token` header carries the API token or a job token
+//! (see [`job_scope`]: a worker's credential to create child jobs while its
+//! job runs, and nothing more).
 
 pub mod commands;
 pub mod frame;
+pub mod job_scope;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +36,7 @@ use crate::auth::ApiToken;
 use crate::server::admission::{Admission, Lapse, Refusal, Ticket};
 use crate::server::queue::Queue;
 use frame::{FrameError, Request};
+use job_scope::Caller;
 
 /// The Bedrock port's default address.
 pub const DEFAULT_BEDROCK_ADDR: &str = "127.0.0.1:8888";
@@ -86,10 +92,10 @@ pub struct Auth {
 }
 
 /// Serves the Bedrock protocol on `listener` until `shutdown` is cancelled.
-/// Every request must carry the server's token in a `Token` header, on
-/// every address (the protocol has no other authentication, and loopback is
-/// no credential: workers are local users), unless `auth` trusts loopback
-/// peers.
+/// Every request must carry the server's token (or a job token, see
+/// [`job_scope`]) in a `Token` header, on every address (the protocol has
+/// no other authentication, and loopback is no credential: workers are
+/// local users), unless `auth` trusts loopback peers.
 pub async fn serve(
     listener: TcpListener,
     queue: Queue,
@@ -391,19 +397,28 @@ impl Connection {
         }
     }
 
+    /// Who sent `request`: the API token's holder (or a trusted peer), or
+    /// a job token's, checked against its job; else the status line to
+    /// close the connection with.
+    async fn caller(&self, request: &Request) -> Result<Caller, String> {
+        let Some(token) = &self.token else {
+            return Ok(Caller::Full);
+        };
+        let given = request.header("token").unwrap_or_default();
+        if token.matches(&given) {
+            return Ok(Caller::Full);
+        }
+        job_scope::admit(&self.queue, token, &given, &request.method).await
+    }
+
     async fn answer(&mut self, request: Request) -> After {
-        if let Some(token) = &self.token {
-            let given = request.header("token").unwrap_or_default();
-            if !token.matches(&given) {
-                let _ = self
-                    .write(&frame::closing_response(
-                        "401 Unauthorized: send the server's token in a Token header",
-                        "",
-                    ))
-                    .await;
+        let caller = match self.caller(&request).await {
+            Ok(caller) => caller,
+            Err(status_line) => {
+                let _ = self.write(&frame::closing_response(&status_line, "")).await;
                 return After::Close;
             }
-        }
+        };
         if !self.ticket.prove() {
             // Evicted just before its request was read whole.
             let _ = self
@@ -427,7 +442,7 @@ impl Connection {
             if method == "getjob" || method == "getjobs" {
                 tracing::info!("GetJob with Connection: forget can deliver nothing; not run");
             } else {
-                let outcome = commands::run(&self.queue, &request).await;
+                let outcome = run(&self.queue, &request, &caller).await;
                 tracing::debug!(method = %request.method, status = %outcome.status_line, "forgotten command ran");
             }
             return After::Close;
@@ -438,7 +453,7 @@ impl Connection {
         let mut hung_up = false;
         let answer = {
             let queue = self.queue.clone();
-            let run = commands::run(&queue, &request);
+            let run = run(&queue, &request, &caller);
             tokio::pin!(run);
             // While the command runs (a held GetJob may take minutes), watch
             // the socket: a client that hangs up before its GetJob is
@@ -496,5 +511,13 @@ impl Connection {
         } else {
             After::KeepOpen
         }
+    }
+}
+
+/// Runs one request with what its caller may do.
+async fn run(queue: &Queue, request: &Request, caller: &Caller) -> commands::Answer {
+    match caller {
+        Caller::Full => commands::run(queue, request).await,
+        Caller::Job(holder) => job_scope::run(queue, request, holder).await,
     }
 }

@@ -7,20 +7,23 @@ mod archive;
 mod body;
 pub mod browser;
 mod error;
+pub mod events;
 pub mod listen;
 mod reports;
 mod requests;
 mod routes;
+mod throttles;
 
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 
 pub use browser::BrowserPolicy;
 pub use error::ApiError;
+pub use events::EventStreams;
 pub use listen::{Limits, TlsFiles};
 pub use requests::{MAX_LEASE_MS, MIN_LEASE_MS};
 
@@ -47,8 +50,16 @@ pub fn router(queue: Queue, token: ApiToken, browser: BrowserPolicy) -> Router {
         .route("/jobs/{id}/retry", post(routes::retry))
         .route("/jobs/{id}/fail", post(routes::fail))
         .route("/jobs/{id}/cancel", post(routes::cancel))
+        .route("/jobs/{id}/depends", post(routes::change_depends))
         .route("/jobs/{id}/heartbeat", post(routes::heartbeat))
         .route("/jobs/{id}/handback", post(routes::hand_back))
+        .route("/jobs/{id}/tags", post(routes::tags))
+        .route(
+            "/jobs/{id}/track",
+            post(routes::track).delete(routes::untrack),
+        )
+        .route("/tags", get(routes::top_tags))
+        .route("/tracked", get(routes::tracked))
         .route("/dequeue", post(routes::dequeue))
         .route("/jobs/{id}/history", get(reports::history))
         .route("/archive", get(archive::list))
@@ -60,6 +71,12 @@ pub fn router(queue: Queue, token: ApiToken, browser: BrowserPolicy) -> Router {
         .route("/failures/{group}/retry", post(reports::retry_group))
         .route("/failures/{group}/delete", post(reports::delete_group))
         .route("/purge", post(reports::purge))
+        .route("/throttles", get(throttles::list))
+        .route(
+            "/throttles/{glob}",
+            put(throttles::set).delete(throttles::delete),
+        )
+        .route("/events", get(events::stream))
         .route_layer(middleware::from_fn_with_state(token, require_token))
         .route_layer(middleware::from_fn(count_request));
     Router::new()

@@ -5,10 +5,12 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::protocol::tags::{check_tag, check_tags};
 use crate::protocol::{
-    CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm, MAX_NUM_RESULTS,
-    NamePattern, Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, RunFacts, Timestamp,
-    UpdateJob, WorkerInfo, check_data, check_job_id, check_name, parse_time,
+    ChangeDepends, CreateJob, Data, FailJob, FinishJob, GetJobs, JobError, JobId, LeaseTerm,
+    MAX_NUM_RESULTS, NamePattern, Priority, Repeat, RequeueJobs, RetryAfter, RetryJob, RunFacts,
+    TagChange, Timestamp, UpdateJob, WorkerInfo, check_data, check_depends, check_job_id,
+    check_name, parse_time,
 };
 
 /// The longest a dequeue may wait: one hour.
@@ -90,9 +92,13 @@ pub struct CreateJobRequest {
     parent_job_id: Option<i64>,
     #[serde(default, deserialize_with = "given")]
     retry_after: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    depends: Option<Vec<i64>>,
     /// The idempotency key of a single create (a batch has its own).
     #[serde(default, deserialize_with = "given")]
     idempotency_key: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    tags: Option<Vec<String>>,
 }
 
 impl CreateJobRequest {
@@ -123,6 +129,30 @@ impl CreateJobRequest {
                 .filter(|r| !r.trim().is_empty())
                 .map(|r| RetryAfter::parse(&r))
                 .transpose()?,
+            tags: check_tags("tags", self.tags.unwrap_or_default())?,
+            depends: check_depends("depends", &self.depends.unwrap_or_default())?,
+        })
+    }
+}
+
+/// `POST /jobs/{id}/depends`: jobs to add to a job's dependencies and to
+/// drop from them; either list may be left out.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeDependsRequest {
+    #[serde(default, deserialize_with = "given")]
+    add: Option<Vec<i64>>,
+    #[serde(default, deserialize_with = "given")]
+    remove: Option<Vec<i64>>,
+}
+
+impl ChangeDependsRequest {
+    /// The checked command.
+    pub fn into_command(self, id: JobId) -> Result<ChangeDepends, JobError> {
+        Ok(ChangeDepends {
+            id,
+            add: check_depends("add", &self.add.unwrap_or_default())?,
+            remove: check_depends("remove", &self.remove.unwrap_or_default())?,
         })
     }
 }
@@ -356,6 +386,27 @@ impl RequeueRequest {
     }
 }
 
+/// `POST /jobs/{id}/tags`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagsRequest {
+    #[serde(default, deserialize_with = "given")]
+    add: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "given")]
+    remove: Option<Vec<String>>,
+}
+
+impl TagsRequest {
+    /// The checked command.
+    pub fn into_command(self, id: JobId) -> Result<TagChange, JobError> {
+        Ok(TagChange {
+            id,
+            add: check_tags("add", self.add.unwrap_or_default())?,
+            remove: check_tags("remove", self.remove.unwrap_or_default())?,
+        })
+    }
+}
+
 /// `GET /jobs` query parameters.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -364,6 +415,36 @@ pub struct ListParams {
     pub name: Option<String>,
     /// Only this state.
     pub state: Option<String>,
+    /// Only jobs with this tag.
+    pub tag: Option<String>,
+    /// Only ids greater than this.
+    pub after: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+impl ListParams {
+    /// The tag asked for, checked; an empty one counts as none.
+    pub fn tag(&self) -> Result<Option<String>, JobError> {
+        match self.tag.as_deref().filter(|t| !t.is_empty()) {
+            Some(tag) => check_tag(tag, "tag").map(|()| Some(tag.to_string())),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `GET /tags` query parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagParams {
+    /// At most this many tags (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+/// `GET /tracked` query parameters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackedParams {
     /// Only ids greater than this.
     pub after: Option<i64>,
     /// At most this many (default 100, at most 1000).

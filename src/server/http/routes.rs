@@ -9,11 +9,11 @@ use serde_json::{Map, Value, json};
 use super::body::{BatchBody, Body, Params};
 use super::error::ApiError;
 use super::requests::{
-    CreateJobRequest, CreateJobsRequest, DequeueRequest, EmptyRequest, FailJobRequest,
-    FinishJobRequest, HeartbeatRequest, ListParams, RequeueRequest, RetryJobRequest,
-    UpdateJobRequest,
+    ChangeDependsRequest, CreateJobRequest, CreateJobsRequest, DequeueRequest, EmptyRequest,
+    FailJobRequest, FinishJobRequest, HeartbeatRequest, ListParams, RequeueRequest,
+    RetryJobRequest, TagParams, TagsRequest, TrackedParams, UpdateJobRequest,
 };
-use crate::protocol::view::query_json;
+use crate::protocol::view::labelled_json;
 use crate::protocol::{JobError, JobId, JobState, MAX_BATCH_JOBS, NamePattern, parse_job_id};
 use crate::server::queue::Queue;
 use crate::server::store::ListQuery;
@@ -138,11 +138,12 @@ pub async fn list(State(queue): State<Queue>, Params(params): Params<ListParams>
     let query = ListQuery {
         pattern,
         state,
+        tag: params.tag()?,
         after_id: params.after,
         limit: params.limit.unwrap_or(100).clamp(1, 1000),
         max_bytes: super::listen::MAX_PAGE_BYTES,
     };
-    let page = queue.list(query).await?;
+    let (page, labels) = queue.list_labelled(query).await?;
     let mut answer = Map::new();
     if page.cut {
         // Fewer jobs than asked, to keep the answer small: go on from here.
@@ -153,16 +154,72 @@ pub async fn list(State(queue): State<Queue>, Params(params): Params<ListParams>
     let jobs: Vec<Value> = page
         .jobs
         .iter()
-        .map(|j| Value::Object(query_json(j)))
+        .zip(&labels)
+        .map(|(job, labels)| Value::Object(labelled_json(job, labels)))
         .collect();
     answer.insert("jobs".into(), Value::Array(jobs));
     Ok(Json(Value::Object(answer)))
 }
 
-/// `GET /jobs/{id}`: QueryJob.
+/// `GET /jobs/{id}`: QueryJob, with the job's dependencies and dependents.
 pub async fn query(State(queue): State<Queue>, Path(id): Path<String>) -> Answer {
-    let job = queue.query(job_id(&id)?).await?;
-    Ok(Json(Value::Object(query_json(&job))))
+    let (job, labels, dependencies) = queue.query_in_full(job_id(&id)?).await?;
+    let mut answer = labelled_json(&job, &labels);
+    dependencies.add_to(&mut answer);
+    Ok(Json(Value::Object(answer)))
+}
+
+/// `POST /jobs/{id}/depends`: adds and drops dependencies; answers the job
+/// as QueryJob does.
+pub async fn change_depends(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<ChangeDependsRequest>,
+) -> Answer {
+    let id = job_id(&id)?;
+    queue.change_depends(req.into_command(id)?, None).await?;
+    query(State(queue), Path(id.to_string())).await
+}
+
+/// `POST /jobs/{id}/tags`: adds and removes tags; answers with the job's
+/// tags.
+pub async fn tags(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(req): Body<TagsRequest>,
+) -> Answer {
+    let id = job_id(&id)?;
+    let tags = queue.change_tags(req.into_command(id)?).await?;
+    Ok(Json(json!({"jobID": id, "tags": tags})))
+}
+
+/// `POST /jobs/{id}/track`: tracks a job (idempotent).
+pub async fn track(
+    State(queue): State<Queue>,
+    Path(id): Path<String>,
+    Body(_): Body<EmptyRequest>,
+) -> Answer {
+    queue.track(job_id(&id)?).await?;
+    ok()
+}
+
+/// `DELETE /jobs/{id}/track`: stops tracking a job (idempotent).
+pub async fn untrack(State(queue): State<Queue>, Path(id): Path<String>) -> Answer {
+    queue.untrack(job_id(&id)?).await?;
+    ok()
+}
+
+/// `GET /tracked`: the tracked jobs, in id order, paged by `after`.
+pub async fn tracked(State(queue): State<Queue>, Params(params): Params<TrackedParams>) -> Answer {
+    let limit = params.limit.unwrap_or(100);
+    let jobs = queue.tracked(params.after.unwrap_or(0), limit).await?;
+    Ok(Json(json!({"jobs": jobs})))
+}
+
+/// `GET /tags`: the tags on most jobs, most first.
+pub async fn top_tags(State(queue): State<Queue>, Params(params): Params<TagParams>) -> Answer {
+    let tags = queue.top_tags(params.limit.unwrap_or(100)).await?;
+    Ok(Json(json!({"tags": tags})))
 }
 
 /// `PATCH /jobs/{id}`: UpdateJob.

@@ -4,13 +4,17 @@
 //! lapse on the same timer.
 
 mod clock;
+pub mod dependencies;
+mod emit;
 pub mod idempotency;
+pub mod labels;
 mod record;
 pub mod reports;
 mod rules;
 mod scheduler;
 mod steps;
 mod sweeper;
+pub mod throttles;
 mod tracked;
 mod waiters;
 
@@ -26,11 +30,13 @@ use crate::protocol::{
     CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, RequeueJobs, RetryJob,
     Timestamp, UpdateJob,
 };
+use crate::server::events::Bus;
 use crate::server::ledger::Retention;
 use crate::server::ledger::retention::millis;
 use crate::server::store::{Announcement, ListQuery, Store};
 
 pub use clock::{Clock, FileClock, SystemClock};
+pub use dependencies::DependencyView;
 pub use reports::{History, WorkerView};
 pub use rules::{MAX_RETRY_AFTER_HANDOUTS, new_token};
 pub use tracked::{Changes, Tracked};
@@ -81,6 +87,10 @@ struct Inner {
     steps: Arc<Mutex<clock::StepWatch>>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    /// Where committed job state changes are published.
+    events: Arc<Bus>,
+    /// The tracked jobs' ids, for the event stream's `tracked` filter.
+    tracked: Arc<labels::TrackedSet>,
     /// Set once leases held before a restart were extended.
     recovered: tokio::sync::watch::Sender<bool>,
     /// Runs between a claim's commit and its answer, to script races.
@@ -188,6 +198,8 @@ impl Queue {
                 clock,
                 steps: Arc::new(Mutex::new(clock::StepWatch::new())),
                 shutdown: CancellationToken::new(),
+                events: Arc::new(Bus::default()),
+                tracked: Arc::default(),
                 recovered: tokio::sync::watch::Sender::new(false),
                 tasks: TaskTracker::new(),
                 #[cfg(test)]
@@ -197,6 +209,7 @@ impl Queue {
         if let Some(announcements) = queue.inner.store.announcements() {
             tokio::spawn(follow_other_servers(queue.clone(), announcements));
         }
+        labels::watch_tracked(&queue);
         tokio::spawn(scheduler::run(queue.clone()));
         tokio::spawn(reports::purge_periodically(queue.clone()));
         if let Some(age) = config.requeue_unleased_after {
@@ -233,9 +246,16 @@ impl Queue {
         let _ = recovered.wait_for(|done| *done).await;
     }
 
-    /// Stops the scheduler and answers every held request (with nothing).
+    /// The job state changes this server commits, for event streams.
+    pub fn events(&self) -> &Arc<Bus> {
+        &self.inner.events
+    }
+
+    /// Stops the scheduler, answers every held request (with nothing) and
+    /// ends event streams.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
+        self.inner.events.close();
         self.inner.waiters.wake_all();
     }
 
@@ -261,7 +281,8 @@ impl Queue {
         let watch_after = Arc::clone(&watch);
         let gone_after = millis(self.inner.config.retention.worker_gone_after);
         let shared = self.inner.store.shared();
-        let (result, changes, _, stepped) = self
+        let bus = Arc::clone(&self.inner.events);
+        let (result, changes, _, stepped, _) = self
             .inner
             .store
             .write_then(
@@ -270,6 +291,7 @@ impl Queue {
                     let (reading, stepped) =
                         steps::make_up_for_step(&mut tx, &watch, clock.is_scripted() || shared)?;
                     let result = op(&mut tx)?;
+                    throttles::wake_for_freed_slots(&mut tx)?;
                     if shared {
                         tx.announce()?;
                     }
@@ -277,13 +299,22 @@ impl Queue {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .kept(reading);
-                    Ok((result, tx.into_changes(), reading, stepped))
+                    let mut changes = tx.into_changes();
+                    // Published by the writer once committed, so in commit
+                    // order, and never for a write rolled back.
+                    let events = Mutex::new(std::mem::take(&mut changes.events));
+                    Ok((result, changes, reading, stepped, events))
                 },
-                move |(_, _, reading, _), committed| {
+                move |(_, _, reading, _, events), committed| {
                     watch_after
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .ended(*reading, committed);
+                    if committed {
+                        let events =
+                            std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
+                        bus.publish(events);
+                    }
                 },
             )
             .await?;
@@ -336,6 +367,7 @@ impl Queue {
                     })
                     .collect(),
                 lease_expiry,
+                ..Changes::default()
             }),
             Announcement::Missed => {
                 self.inner.waiters.wake_all();
@@ -515,8 +547,11 @@ impl Queue {
 
     /// FinishJob.
     pub async fn finish(&self, cmd: FinishJob) -> Result<(), JobError> {
-        self.write(move |tx| rules::finish_or_retry(tx, rules::Report::Finish(&cmd)))
-            .await
+        self.write(move |tx| {
+            rules::finish_or_retry(tx, rules::Report::Finish(&cmd))?;
+            dependencies::after_finish(tx, cmd.id)
+        })
+        .await
     }
 
     /// RetryJob.

@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use super::emit;
 use super::record::{self, Leaves};
 use super::tracked::Tracked;
 use crate::protocol::view::HandOut;
@@ -13,6 +14,7 @@ use crate::protocol::{
     Repeat, RepeatBase, RequeueJobs, RetryAfter, RetryJob, Timestamp, UpdateJob, check_name,
 };
 use crate::server::calendar;
+use crate::server::events::EventKind;
 
 /// Hand-outs of a `retryAfter` job without a report after which it fails.
 pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
@@ -57,6 +59,9 @@ pub fn new_token() -> String {
 /// `unique` job that exists.
 pub fn create(tx: &mut Tracked, cmd: &CreateJob) -> Result<JobId, JobError> {
     check_name(&cmd.name)?;
+    if cmd.parent_id.is_some() && !cmd.depends.is_empty() {
+        return Err(JobError::ChildDepends);
+    }
     let mut initial_state = JobState::Queued;
     if let Some(parent_id) = cmd.parent_id {
         let parent = tx.get(parent_id)?.ok_or(JobError::ParentMissing)?;
@@ -76,13 +81,22 @@ pub fn create(tx: &mut Tracked, cmd: &CreateJob) -> Result<JobId, JobError> {
         }
     }
 
+    let waiting_for = super::dependencies::unfinished(tx, &cmd.depends)?;
+    if !waiting_for.is_empty() {
+        initial_state = JobState::Depends;
+    }
+
     if cmd.unique
         && let Some(mut existing) = tx.find_by_name(&cmd.name)?
     {
         if existing.is_child() && existing.parent_id != cmd.parent_id.unwrap_or(0) {
             return Err(JobError::ChildOfOtherParent);
         }
-        if same_data(&existing.data, &cmd.data) || !cmd.overwrite {
+        if !cmd.overwrite {
+            return Ok(existing.id);
+        }
+        super::labels::tag_new(tx, existing.id, &cmd.tags)?;
+        if same_data(&existing.data, &cmd.data) {
             return Ok(existing.id);
         }
         let mut merged = Value::Object(std::mem::take(&mut existing.data));
@@ -128,7 +142,10 @@ pub fn create(tx: &mut Tracked, cmd: &CreateJob) -> Result<JobId, JobError> {
         lapses: 0,
     };
     let id = tx.insert(&job)?;
+    super::labels::tag_new(tx, id, &cmd.tags)?;
+    super::dependencies::record(tx, id, &waiting_for)?;
     record::created(tx, &job.name)?;
+    emit::created(tx, &job, id);
     Ok(id)
 }
 
@@ -144,20 +161,24 @@ fn same_data(stored: &Data, incoming: &Data) -> bool {
     strip(stored) == strip(incoming)
 }
 
-/// GetJob(s): hands out up to `num_results` due jobs, best first. A
+/// GetJob(s): hands out up to `num_results` due jobs, best first, each
+/// only while every throttle it matches has room (see `throttles`). A
 /// candidate worn out by [`MAX_RETRY_AFTER_HANDOUTS`] is FAILED and its
 /// place taken by the next due job, so that a claim finds nothing only when
 /// nothing it could take is due (a woken waiter relies on that).
 pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobError> {
     let mut handed = Vec::with_capacity(cmd.num_results.min(1024));
+    let mut gate = super::throttles::Gate::open(tx, &cmd.pattern)?;
     loop {
         let want = cmd.num_results - handed.len();
-        let candidates = tx.ready(&cmd.pattern, cmd.priority, want)?;
+        let candidates = gate.candidates(tx, &cmd.pattern, cmd.priority, want)?;
         let found = candidates.len();
         let before = handed.len();
         for snapshot in candidates {
-            if let Some(handout) = hand_out(tx, cmd, snapshot)? {
-                handed.push(handout);
+            let name = snapshot.name.clone();
+            match hand_out(tx, cmd, snapshot)? {
+                Some(handout) => handed.push(handout),
+                None => gate.give_back(&name),
             }
         }
         // Every candidate handed out (or fewer found than wanted): nothing
@@ -183,6 +204,7 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
         job.lease = None;
         tx.update(&job)?;
         record::no_report(tx, &job)?;
+        emit::reported(tx, EventKind::Failed, &job, job.state, "no_report", None);
         return Ok(None);
     }
 
@@ -244,6 +266,7 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
     }
     tx.update(&job)?;
     record::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref())?;
+    emit::handed_out(tx, &job, cmd.worker.as_ref());
     let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
     let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
     Ok(Some(HandOut {
@@ -304,6 +327,7 @@ pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usiz
         if still_ours {
             tx.update(&handout.job)?;
             record::undelivered(tx, handout.job.id)?;
+            emit::plain(tx, EventKind::Returned, &handout.job);
             returned += 1;
         }
     }
@@ -327,6 +351,7 @@ pub fn hand_back(tx: &mut Tracked, id: JobId, token: &str) -> Result<(), JobErro
         .take_before_handout(id, token)?
         .ok_or(JobError::HandOutNotKept(id))?;
     tx.update(&before)?;
+    emit::plain(tx, EventKind::Returned, &before);
     record::undelivered(tx, id)
 }
 
@@ -394,7 +419,18 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     }
     // What the ledger records of this report, however it leaves the job.
     let by_holder = lease.is_some();
+    let kind = match report {
+        Report::Finish(_) => EventKind::Finished,
+        Report::Retry(_) => EventKind::Retried,
+    };
     let record_report = |tx: &mut Tracked, job: &Job, leaves: Leaves| {
+        let (kind, state) = match leaves {
+            Leaves::Stays if job.state == JobState::Paused => (EventKind::Paused, job.state),
+            Leaves::Stays => (kind, job.state),
+            Leaves::Finished => (kind, JobState::Finished),
+            Leaves::Failed => (EventKind::Failed, JobState::Failed),
+        };
+        emit::reported(tx, kind, job, state, outcome, run);
         record::reported(tx, job, outcome, data.as_ref(), run, leaves, by_holder)
     };
     if job.is_child() {
@@ -410,6 +446,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     for child in &children {
         if matches!(child.state, JobState::Finished | JobState::Cancelled) {
             tx.delete(child.id)?;
+            emit::deleted(tx, child);
         }
     }
 
@@ -448,6 +485,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
                 let mut child = child.clone();
                 child.state = JobState::Queued;
                 tx.update(&child)?;
+                emit::plain(tx, EventKind::Resumed, &child);
             }
         }
         return record_report(tx, &job, Leaves::Stays);
@@ -555,6 +593,7 @@ fn resume_parent_if_done(
     {
         parent.state = JobState::Queued;
         tx.update(&parent)?;
+        emit::plain(tx, EventKind::Resumed, &parent);
     }
     Ok(())
 }
@@ -572,6 +611,14 @@ pub fn fail(tx: &mut Tracked, cmd: &FailJob) -> Result<(), JobError> {
     job.state = JobState::Failed;
     job.lease = None;
     tx.update(&job)?;
+    emit::reported(
+        tx,
+        EventKind::Failed,
+        &job,
+        job.state,
+        "failed",
+        cmd.run.as_ref(),
+    );
     record::reported(
         tx,
         &job,
@@ -616,7 +663,9 @@ pub fn update(tx: &mut Tracked, cmd: &UpdateJob) -> Result<(), JobError> {
     } else if let Some(repeat) = &cmd.repeat {
         job.repeat = repeat.text.clone();
     }
-    tx.update(&job)
+    tx.update(&job)?;
+    emit::plain(tx, EventKind::Progress, &job);
+    Ok(())
 }
 
 /// DeleteJob. Children that ended go with their parent.
@@ -630,8 +679,10 @@ pub fn delete(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
     for child in tx.children(id)? {
         tx.delete(child.id)?;
         tx.store().ledger().clear_failure(child.id)?;
+        emit::deleted(tx, &child);
     }
     tx.delete(id)?;
+    emit::deleted(tx, &job);
     tx.store().ledger().clear_failure(id)?;
     // A RUNQUEUED job deleted while handed out: its attempt ends here.
     record::deleted(tx, id)?;
@@ -662,6 +713,7 @@ pub fn cancel(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
     job.state = JobState::Cancelled;
     job.lease = None;
     tx.update(&job)?;
+    emit::plain(tx, EventKind::Cancelled, &job);
     resume_parent_if_done(
         tx,
         job.parent_id,
@@ -682,7 +734,11 @@ pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
     ids.dedup();
     for id in ids {
         let Some(mut job) = tx.get(id)? else { continue };
-        job.state = JobState::Queued;
+        // A job waiting for its dependencies keeps waiting, due at its
+        // creation time once they finish.
+        if job.state != JobState::Depends {
+            job.state = JobState::Queued;
+        }
         job.next_run = job.created;
         job.lease = None;
         if let Some(name) = &cmd.name {
@@ -690,6 +746,7 @@ pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
         }
         tx.update(&job)?;
         tx.store().ledger().clear_failure(id)?;
+        emit::plain(tx, EventKind::Requeued, &job);
         requeued += 1;
     }
     Ok(requeued)
@@ -802,6 +859,7 @@ fn lapse_all(
         }
         tx.update(&job)?;
         record::lapsed(tx, &job, job.state == JobState::Failed)?;
+        emit::lapsed(tx, &job);
     }
     Ok((requeued, failed))
 }
@@ -829,6 +887,7 @@ pub fn retry_failed(tx: &mut Tracked, group: &str, count: usize) -> Result<Vec<J
         job.data.remove(RETRY_AFTER_COUNT);
         tx.update(&job)?;
         tx.store().ledger().clear_failure(id)?;
+        emit::plain(tx, EventKind::Requeued, &job);
         retried.push(id);
     }
     Ok(retried)

@@ -2,10 +2,13 @@
 //! so that the queue can wake waiters and set its timer once the transaction
 //! is committed, without any rule having to remember to.
 
+use std::collections::HashMap;
+
 use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
 use crate::server::store::{ReadyJob, StoreTx};
 
 use super::waiters::DueJob;
+use crate::server::events::{EventKind, JobEvent};
 
 /// What a committed transaction means for waiters and the timer.
 #[derive(Debug, Default)]
@@ -14,6 +17,8 @@ pub struct Changes {
     pub ready: Vec<(DueJob, Timestamp)>,
     /// The earliest lease expiry written.
     pub lease_expiry: Option<Timestamp>,
+    /// The job state changes made, in order, published once committed.
+    pub events: Vec<JobEvent>,
 }
 
 /// A transaction plus the time the operation runs at, recording [`Changes`].
@@ -25,6 +30,12 @@ pub struct Tracked<'a> {
     /// ms: the ledger counts its capacity only between closer sightings.
     pub worker_gone_after_ms: i64,
     changes: Changes,
+    /// Jobs read in this transaction: their names and whether they held a
+    /// throttle's slot.
+    seen: HashMap<JobId, (String, bool)>,
+    /// Names of jobs whose hold (of a throttle's slot) this transaction
+    /// may have ended.
+    left_held: Vec<String>,
 }
 
 impl<'a> Tracked<'a> {
@@ -35,7 +46,20 @@ impl<'a> Tracked<'a> {
             now,
             worker_gone_after_ms,
             changes: Changes::default(),
+            seen: HashMap::new(),
+            left_held: Vec::new(),
         }
+    }
+
+    /// Records a job state change, published if the transaction commits.
+    pub fn emit(&mut self, event: JobEvent) {
+        self.changes.events.push(event);
+    }
+
+    /// Records that `kind` happened to `job`, which is now as given.
+    pub fn emit_of(&mut self, kind: EventKind, job: &Job) {
+        let event = JobEvent::of(kind, job, self.now);
+        self.emit(event);
     }
 
     /// The changes recorded so far.
@@ -74,22 +98,58 @@ impl<'a> Tracked<'a> {
     pub fn update(&mut self, job: &Job) -> Result<(), JobError> {
         self.store.update(job)?;
         self.note(job.id, job);
+        let holds = super::throttles::holds_slot(job, self.now);
+        let held = self.seen.get(&job.id).map(|(_, held)| *held);
+        if !holds && held != Some(false) {
+            self.left_held.push(job.name.clone());
+        }
+        self.seen.insert(job.id, (job.name.clone(), holds));
         Ok(())
     }
 
     /// Reads a job.
     pub fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
-        self.store.get(id)
+        let job = self.store.get(id)?;
+        if let Some(job) = &job {
+            let holds = super::throttles::holds_slot(job, self.now);
+            self.seen.insert(id, (job.name.clone(), holds));
+        }
+        Ok(job)
     }
 
     /// Reads a job that must exist.
     pub fn existing(&mut self, id: JobId) -> Result<Job, JobError> {
-        self.store.get(id)?.ok_or(JobError::NoSuchJob)
+        self.get(id)?.ok_or(JobError::NoSuchJob)
     }
 
     /// Removes a job.
     pub fn delete(&mut self, id: JobId) -> Result<(), JobError> {
-        self.store.delete(id)
+        self.store.delete(id)?;
+        if let Some((name, true)) = self.seen.remove(&id) {
+            self.left_held.push(name);
+        }
+        Ok(())
+    }
+
+    /// Names a job as ready, so that waiters are woken for it after the
+    /// commit (and other servers told), though this transaction did not
+    /// write it: a job parked behind a throttle that now has room.
+    pub fn wake_for(&mut self, job: &ReadyJob) {
+        let due = DueJob {
+            id: job.id,
+            name: job.name.clone(),
+            priority: job.priority,
+        };
+        self.changes.ready.push((due, job.next_run));
+    }
+
+    /// The names of jobs whose hold of a throttle's slot this transaction
+    /// may have ended, deduplicated; forgotten here.
+    pub fn take_left_held(&mut self) -> Vec<String> {
+        let mut names = std::mem::take(&mut self.left_held);
+        names.sort_unstable();
+        names.dedup();
+        names
     }
 
     /// The oldest job with this exact name.

@@ -67,8 +67,21 @@ pub(super) fn list_sql(columns: &str, query: &ListQuery) -> (String, Vec<Value>)
             }
         }
     };
+    // With a tag, the tag's rows (in id order on the primary key) lead, and
+    // each is joined to its job: a rare tag costs its own rows, whatever
+    // else is in the table.
+    let (from, tag) = match &query.tag {
+        Some(tag) => {
+            params.push(Value::Text(tag.clone()));
+            (
+                "job_tags CROSS JOIN jobs USING (job_id)".to_string(),
+                format!("tag = ?{} AND ", params.len()),
+            )
+        }
+        None => (format!("jobs {index}"), String::new()),
+    };
     let sql = format!(
-        "SELECT {columns} FROM jobs {index} WHERE {name}job_id > ?1 AND (?2 IS NULL OR state = ?2) \
+        "SELECT {columns} FROM {from} WHERE {tag}{name}job_id > ?1 AND (?2 IS NULL OR state = ?2) \
          ORDER BY job_id LIMIT ?3"
     );
     (sql, params)
@@ -141,6 +154,29 @@ mod tests {
                 "{query:?}: {plan}"
             );
             assert!(!plan.contains("SCAN jobs"), "{query:?}: {plan}");
+        }
+    }
+
+    #[test]
+    fn a_listing_by_tag_reads_the_tags_index_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        for pattern in [None, Some(NamePattern::Glob("Send*".into()))] {
+            let query = ListQuery {
+                tag: Some("billing".into()),
+                pattern,
+                state: Some(JobState::Queued),
+                limit: 10,
+                ..ListQuery::default()
+            };
+            let plan = plan(&conn, &query);
+            assert!(
+                plan.starts_with("SEARCH job_tags USING PRIMARY KEY (tag=? AND job_id>?)"),
+                "{plan}"
+            );
+            assert!(!plan.contains("SCAN"), "{plan}");
         }
     }
 

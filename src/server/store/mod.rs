@@ -7,18 +7,27 @@
 //! leaves nothing behind.
 
 mod archive_listing;
+mod dependencies;
 mod file_lock;
 mod inbox;
+mod labels;
 mod ledger;
 mod listing;
 mod postgres;
 mod schema;
 mod sqlite;
+mod sqlite_dependencies;
+mod sqlite_labels;
 mod sqlite_ledger;
+mod sqlite_throttles;
+mod throttles;
 mod write_health;
 
 pub use archive_listing::ArchiveQuery;
+pub use dependencies::DependencyTx;
+pub use labels::LabelTx;
 pub use ledger::{LedgerTx, PurgeLimits};
+pub use throttles::{Throttle, ThrottleTx};
 
 pub use postgres::{DatabaseClock, PgOpenError, PgStore, redacted as postgres_url_redacted};
 pub use sqlite::SqliteStore;
@@ -39,6 +48,8 @@ pub struct ListQuery {
     pub pattern: Option<NamePattern>,
     /// Only this state.
     pub state: Option<JobState>,
+    /// Only jobs with this tag (found through the tag's index).
+    pub tag: Option<String>,
     /// Only ids greater than this (for paging).
     pub after_id: Option<JobId>,
     /// At most this many.
@@ -100,12 +111,14 @@ pub trait StoreTx {
     }
     /// Writes every field of an existing job.
     fn update(&mut self, job: &Job) -> Result<(), JobError>;
-    /// Removes a job.
+    /// Removes a job, with its tags and what it waits for (not what waits
+    /// for it).
     fn delete(&mut self, id: JobId) -> Result<(), JobError>;
     /// The oldest job with exactly this name.
     fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError>;
     /// Up to `limit` jobs that may be handed out at `now`, best first:
-    /// priority descending, then `nextRun` ascending.
+    /// priority descending, then `nextRun` ascending. Jobs parked behind a
+    /// full throttle are left out (see [`ThrottleTx`]).
     fn ready(
         &mut self,
         pattern: &NamePattern,
@@ -150,6 +163,12 @@ pub trait StoreTx {
     fn count_by_name(&mut self) -> Result<Vec<(String, JobState, u64)>, JobError>;
     /// The ledger, in the same transaction.
     fn ledger(&mut self) -> &mut dyn LedgerTx;
+    /// Tags and tracking, in the same transaction.
+    fn labels(&mut self) -> &mut dyn LabelTx;
+    /// Throttles and parked jobs, in the same transaction.
+    fn throttles(&mut self) -> &mut dyn ThrottleTx;
+    /// The dependencies between jobs, in the same transaction.
+    fn depends(&mut self) -> &mut dyn DependencyTx;
     /// Tells the other servers sharing the store, once this transaction
     /// commits, which jobs it made ready and the earliest lease it set.
     /// Nothing to do for a store no other server shares.

@@ -171,6 +171,40 @@ const MIGRATIONS: &[&str] = &[
     "CREATE INDEX archive_name ON archive (name, ended);
     ALTER TABLE attempts ADD COLUMN stdout_bytes INTEGER;
     ALTER TABLE attempts ADD COLUMN stderr_bytes INTEGER;",
+    // 7: tags (found by tag through the primary key, and by job through
+    // its index) and tracked jobs (see `labels`).
+    "CREATE TABLE job_tags (
+        tag    TEXT    NOT NULL,
+        job_id INTEGER NOT NULL,
+        PRIMARY KEY (tag, job_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX job_tags_job ON job_tags (job_id, tag);
+    CREATE TABLE tracked_jobs (
+        job_id INTEGER PRIMARY KEY,
+        since  INTEGER NOT NULL
+    );",
+    // 8: throttles (how many jobs matching a GLOB may be held at once), and
+    // jobs parked behind a full one, left out of the ready index so that
+    // claims do not step over them (see store::throttles).
+    "CREATE TABLE throttles (
+        glob TEXT    NOT NULL PRIMARY KEY,
+        max  INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    ALTER TABLE jobs ADD COLUMN held_back_by TEXT;
+    DROP INDEX jobs_ready;
+    CREATE INDEX jobs_ready ON jobs (priority, next_run)
+        WHERE state IN ('QUEUED', 'RUNQUEUED') AND held_back_by IS NULL;
+    CREATE INDEX jobs_held_back ON jobs (held_back_by, priority DESC, next_run, job_id)
+        WHERE held_back_by IS NOT NULL;
+    CREATE INDEX jobs_held ON jobs (name) WHERE state IN ('RUNNING', 'RUNQUEUED');",
+    // 9: dependencies: one row per DEPENDS job and a job it still waits
+    // for, found from either side.
+    "CREATE TABLE job_dependencies (
+        job_id     INTEGER NOT NULL,
+        depends_on INTEGER NOT NULL,
+        PRIMARY KEY (job_id, depends_on)
+    ) WITHOUT ROWID;
+    CREATE INDEX job_dependencies_on ON job_dependencies (depends_on, job_id);",
 ];
 
 /// The schema version this build writes.

@@ -407,13 +407,42 @@ impl StoreTx for FailingTx {
     fn ledger(&mut self) -> &mut dyn super::LedgerTx {
         self
     }
+    fn labels(&mut self) -> &mut dyn super::LabelTx {
+        self
+    }
+
+    fn throttles(&mut self) -> &mut dyn super::ThrottleTx {
+        self
+    }
+    fn depends(&mut self) -> &mut dyn super::DependencyTx {
+        self
+    }
+}
+
+impl super::DependencyTx for FailingTx {
+    fn add(&mut self, _: JobId, _: &[JobId]) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn remove(&mut self, _: JobId, _: &[JobId]) -> Result<usize, JobError> {
+        Err(self.0.clone())
+    }
+    fn outstanding(&mut self, _: JobId) -> Result<Vec<JobId>, JobError> {
+        Err(self.0.clone())
+    }
+    fn dependents(&mut self, _: JobId) -> Result<Vec<JobId>, JobError> {
+        Err(self.0.clone())
+    }
 }
 
 /// The columns of a job, in the order [`read_job`] reads them.
-const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, last_run, repeat, \
+pub(super) const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, last_run, repeat, \
      retry_after, parent_id, scheduled_run, lease_token, lease_expires, lease_term_ms, attempts, lapses";
 
 const READY: &str = "state IN ('QUEUED', 'RUNQUEUED')";
+
+/// Ready and not parked behind a full throttle: the `jobs_ready` index's
+/// condition, written as the index has it so that SQLite uses it.
+const READY_FREE: &str = "state IN ('QUEUED', 'RUNQUEUED') AND held_back_by IS NULL";
 
 pub(super) struct SqliteTx<'c> {
     pub(super) conn: &'c Connection,
@@ -427,7 +456,7 @@ impl SqliteTx<'_> {
     }
 }
 
-fn read_job(row: &Row<'_>) -> rusqlite::Result<Job> {
+pub(super) fn read_job(row: &Row<'_>) -> rusqlite::Result<Job> {
     let state: String = row.get(2)?;
     let state = state.parse::<JobState>().map_err(|e| conversion(2, e))?;
     let data: String = row.get(3)?;
@@ -521,7 +550,7 @@ impl StoreTx for SqliteTx<'_> {
                 "UPDATE jobs SET name = ?2, state = ?3, data = ?4, priority = ?5, created = ?6, \
                  next_run = ?7, last_run = ?8, repeat = ?9, retry_after = ?10, parent_id = ?11, \
                  scheduled_run = ?12, lease_token = ?13, lease_expires = ?14, lease_term_ms = ?15, \
-                 attempts = ?16, lapses = ?17 WHERE job_id = ?1",
+                 attempts = ?16, lapses = ?17, held_back_by = NULL WHERE job_id = ?1",
             )
             .map_err(store_error)?;
         statement
@@ -552,6 +581,8 @@ impl StoreTx for SqliteTx<'_> {
         for sql in [
             "DELETE FROM jobs WHERE job_id = ?1",
             "DELETE FROM jobs_before_handout WHERE job_id = ?1",
+            "DELETE FROM job_tags WHERE job_id = ?1",
+            "DELETE FROM job_dependencies WHERE job_id = ?1",
         ] {
             let mut statement = self.conn.prepare_cached(sql).map_err(store_error)?;
             statement.execute([id]).map_err(store_error)?;
@@ -615,7 +646,7 @@ impl StoreTx for SqliteTx<'_> {
             ),
         };
         let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE {READY} AND priority = ?1 AND next_run <= ?2 \
+            "SELECT {COLUMNS} FROM jobs WHERE {READY_FREE} AND priority = ?1 AND next_run <= ?2 \
              AND {name_clause} ORDER BY next_run, job_id LIMIT ?4"
         );
         let priorities: Vec<i64> = match priority {
@@ -798,6 +829,17 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn ledger(&mut self) -> &mut dyn super::LedgerTx {
+        self
+    }
+    fn labels(&mut self) -> &mut dyn super::LabelTx {
+        self
+    }
+
+    fn throttles(&mut self) -> &mut dyn super::ThrottleTx {
+        self
+    }
+
+    fn depends(&mut self) -> &mut dyn super::DependencyTx {
         self
     }
 }

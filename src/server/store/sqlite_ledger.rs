@@ -686,6 +686,18 @@ impl LedgerTx for SqliteTx<'_> {
              AND job_id NOT IN (SELECT job_id FROM jobs)",
             &[],
         )?;
+        // Tags go with their job; a tracked job that ended goes from the
+        // tracked list with its archive entry.
+        exec(
+            "DELETE FROM job_tags WHERE job_id IN (SELECT job_id FROM temp.purged) \
+             AND job_id NOT IN (SELECT job_id FROM jobs)",
+            &[],
+        )?;
+        exec(
+            "DELETE FROM tracked_jobs WHERE job_id IN (SELECT job_id FROM temp.purged) \
+             AND job_id NOT IN (SELECT job_id FROM jobs)",
+            &[],
+        )?;
         let archived = exec(
             "DELETE FROM archive WHERE job_id IN (SELECT job_id FROM temp.purged)",
             &[],

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub mod bedrock_conn;
 mod fault_proxy;
 mod pg;
 mod process;

@@ -129,6 +129,39 @@ impl Drop for Busy {
     }
 }
 
+/// An answer's body that keeps its request in flight until it is sent.
+pub struct Kept<B> {
+    inner: B,
+    _busy: Busy,
+}
+
+impl<B> Kept<B> {
+    /// Keeps `busy` while `inner` is sent.
+    pub fn new(inner: B, busy: Busy) -> Self {
+        Kept { inner, _busy: busy }
+    }
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Kept<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A stream that tells its [`Activity`] when bytes arrive.
 pub struct Watched<S> {
     inner: S,

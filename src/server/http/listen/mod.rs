@@ -32,14 +32,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-pub use activity::Expiry;
+pub use activity::{Busy, Expiry};
 pub use budget::{BodyError, FREE_BODY};
 pub use tls::{TlsError, TlsFiles};
 
 use super::ApiError;
 use super::body::{MAX_BATCH_BODY, MAX_BODY};
 use crate::server::admission::{Admission, Lapse, Refusal, Ticket};
-use activity::{Activity, Watched};
+use activity::{Activity, Kept, Watched};
 use budget::{Bounded, Holding, kib_beyond_free};
 
 /// The most bytes of job data one listing page holds; a page that would
@@ -73,6 +73,10 @@ pub struct Limits {
     /// Bytes of request bodies (beyond [`FREE_BODY`] each) and listing
     /// pages held at once across the server.
     pub body_budget: usize,
+    /// Event streams (`GET /events`) open at once; more are answered 503.
+    pub max_event_streams: usize,
+    /// Event streams open at once from one IP address (an IPv6 /64).
+    pub max_event_streams_per_peer: usize,
 }
 
 impl Default for Limits {
@@ -84,6 +88,8 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             body_budget: 256 * 1024 * 1024,
+            max_event_streams: 64,
+            max_event_streams_per_peer: 8,
         }
     }
 }
@@ -135,6 +141,16 @@ impl Proof {
         self.0.prove()
     }
 }
+
+/// A request's connection's hang-up, in the request's extensions: a
+/// long answer (an event stream) whose client stopped reading cancels it to
+/// close the connection, which nothing else would while the answer is sent.
+#[derive(Clone)]
+pub struct Hangup(pub CancellationToken);
+
+/// What an event stream holds of the byte budget while it is open (its
+/// chunks in flight), in bytes.
+pub const EVENT_STREAM_RESERVE: usize = 128 * 1024;
 
 /// What every request of the port shares.
 struct Shared {
@@ -287,17 +303,28 @@ async fn connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let hangup = CancellationToken::new();
     let service = {
         let activity = Arc::clone(&activity);
         let shared = Arc::clone(&shared);
         let ticket = Arc::clone(ticket);
+        let hangup = hangup.clone();
         hyper::service::service_fn(move |request: Request<Incoming>| {
             let busy = activity.begin();
             let shared = Arc::clone(&shared);
             let ticket = Arc::clone(&ticket);
+            let hangup = Hangup(hangup.clone());
             async move {
-                let response = handle(&shared, request, peer, ticket).await;
-                drop(busy);
+                let streams = is_event_stream(request.uri().path());
+                let response = handle(&shared, request, peer, ticket, hangup).await;
+                // An event stream is in flight while it is sent: it is not
+                // idle (its own rules end a stream whose client stalls).
+                let response = if streams {
+                    response.map(|body| axum::body::Body::new(Kept::new(body, busy)))
+                } else {
+                    drop(busy);
+                    response
+                };
                 Ok::<_, Infallible>(response)
             }
         })
@@ -322,6 +349,10 @@ async fn connection<S>(
                 connection.as_mut().graceful_shutdown();
                 stopping = true;
             }
+            _ = hangup.cancelled() => {
+                tracing::debug!(%peer, "HTTP port: an event stream's client stopped reading; closing");
+                return;
+            }
             why = activity.expired(limits.header_timeout, limits.idle_timeout) => {
                 match why {
                     Expiry::HeadLate => {
@@ -342,6 +373,11 @@ fn body_limit(path: &str) -> usize {
     } else {
         MAX_BODY
     }
+}
+
+/// Whether a request to `path` is an event stream (`GET /events`).
+fn is_event_stream(path: &str) -> bool {
+    path == "/events"
 }
 
 /// Whether a request builds a listing page of up to [`MAX_PAGE_BYTES`]:
@@ -395,6 +431,7 @@ async fn handle(
     request: Request<Incoming>,
     peer: SocketAddr,
     ticket: Arc<Ticket>,
+    hangup: Hangup,
 ) -> Response {
     let limit = body_limit(request.uri().path());
     let declared = request
@@ -417,12 +454,16 @@ async fn handle(
     if builds_page(request.method(), request.uri().path()) {
         reserve += PAGE_RESERVE / 1024;
     }
+    if is_event_stream(request.uri().path()) {
+        reserve += EVENT_STREAM_RESERVE / 1024;
+    }
     if !holding.take(&shared.budget, reserve) {
         return closing(busy());
     }
     let (mut parts, body) = request.into_parts();
     parts.extensions.insert(ConnectInfo(peer));
     parts.extensions.insert(Proof(ticket));
+    parts.extensions.insert(hangup);
     let body = Bounded::new(
         body,
         limit,

@@ -17,12 +17,12 @@ use crate::protocol::{
 use crate::server::store::{ListQuery, Page, ReadyJob, StoreTx};
 
 /// The columns of a job, in the order [`read_job`] reads them.
-const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, last_run, repeat, \
+pub(super) const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, last_run, repeat, \
      retry_after, parent_id, scheduled_run, lease_token, lease_expires, lease_term_ms, attempts, lapses";
 
 const READY: &str = "state IN ('QUEUED', 'RUNQUEUED')";
 
-fn read_job(row: &Row) -> Result<Job, JobError> {
+pub(super) fn read_job(row: &Row) -> Result<Job, JobError> {
     let get_err = |e: postgres::Error| corrupt("job", e);
     let state: String = row.try_get(2).map_err(get_err)?;
     let state = state.parse::<JobState>().map_err(|e| corrupt("state", e))?;
@@ -67,13 +67,13 @@ fn read_job(row: &Row) -> Result<Job, JobError> {
     })
 }
 
-fn read_jobs(rows: Vec<Row>) -> Result<Vec<Job>, JobError> {
+pub(super) fn read_jobs(rows: Vec<Row>) -> Result<Vec<Job>, JobError> {
     rows.iter().map(read_job).collect()
 }
 
 /// A row count as SQL's `LIMIT` takes it: `usize::MAX` (no bound) would
 /// wrap to a negative number, which PostgreSQL refuses.
-fn sql_limit(limit: usize) -> i64 {
+pub(super) fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
@@ -195,7 +195,7 @@ impl StoreTx for PgTx<'_> {
             "UPDATE jobs SET name = $1, state = $2, data = $3, priority = $4, created = $5, \
              next_run = $6, last_run = $7, repeat = $8, retry_after = $9, parent_id = $10, \
              scheduled_run = $11, lease_token = $12, lease_expires = $13, lease_term_ms = $14, \
-             attempts = $15, lapses = $16 WHERE job_id = $17",
+             attempts = $15, lapses = $16, held_back_by = NULL WHERE job_id = $17",
             &params,
         )?;
         Ok(())
@@ -204,6 +204,8 @@ impl StoreTx for PgTx<'_> {
     fn delete(&mut self, id: JobId) -> Result<(), JobError> {
         self.execute("DELETE FROM jobs WHERE job_id = $1", &[&id])?;
         self.execute("DELETE FROM jobs_before_handout WHERE job_id = $1", &[&id])?;
+        self.execute("DELETE FROM job_tags WHERE job_id = $1", &[&id])?;
+        self.execute("DELETE FROM job_dependencies WHERE job_id = $1", &[&id])?;
         Ok(())
     }
 
@@ -274,7 +276,7 @@ impl StoreTx for PgTx<'_> {
             ""
         };
         let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE {READY} AND priority = {priority_mark} \
+            "SELECT {COLUMNS} FROM jobs WHERE {READY} AND held_back_by IS NULL AND priority = {priority_mark} \
              AND next_run <= {now_mark} AND {name} ORDER BY next_run, job_id LIMIT {limit_mark}{lock}"
         );
         let priorities: Vec<i64> = match priority {
@@ -391,6 +393,16 @@ impl StoreTx for PgTx<'_> {
             let mark = params.push(state.as_str().to_string());
             filter.push_str(&format!("state = {mark} AND "));
         }
+        // With a tag, the tag's rows (in id order on the primary key) are
+        // joined to their jobs.
+        let from = match &query.tag {
+            Some(tag) => {
+                let mark = params.push(tag.clone());
+                filter.push_str(&format!("tag = {mark} AND "));
+                "job_tags JOIN jobs USING (job_id)"
+            }
+            None => "jobs",
+        };
         // The page's bytes (names and data as stored) are counted by the
         // database, which sends no row past the first that goes over
         // `max_bytes`: a page of big jobs is never read whole into memory.
@@ -398,7 +410,7 @@ impl StoreTx for PgTx<'_> {
             "SELECT {COLUMNS}, running FROM ( \
                SELECT {COLUMNS}, octet_length(name) + octet_length(data) AS size, \
                  SUM(octet_length(name) + octet_length(data)) OVER (ORDER BY job_id) AS running \
-               FROM jobs WHERE {filter}job_id > {after} ORDER BY job_id LIMIT {limit}) page \
+               FROM {from} WHERE {filter}job_id > {after} ORDER BY job_id LIMIT {limit}) page \
              WHERE {max_bytes}::bigint = 0 OR running - size <= {max_bytes}::bigint ORDER BY job_id"
         );
         let rows = self.query(&sql, &params.refs())?;
@@ -484,6 +496,18 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn ledger(&mut self) -> &mut dyn crate::server::store::LedgerTx {
+        self
+    }
+
+    fn labels(&mut self) -> &mut dyn crate::server::store::LabelTx {
+        self
+    }
+
+    fn throttles(&mut self) -> &mut dyn crate::server::store::ThrottleTx {
+        self
+    }
+
+    fn depends(&mut self) -> &mut dyn crate::server::store::DependencyTx {
         self
     }
 

@@ -612,6 +612,18 @@ impl LedgerTx for PgTx<'_> {
              AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = b.job_id)",
             &[],
         )?;
+        // Tags go with their job; a tracked job that ended goes from the
+        // tracked list with its archive entry.
+        self.execute(
+            "DELETE FROM job_tags t WHERE t.job_id IN (SELECT job_id FROM jobmgr_purged) \
+             AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = t.job_id)",
+            &[],
+        )?;
+        self.execute(
+            "DELETE FROM tracked_jobs t WHERE t.job_id IN (SELECT job_id FROM jobmgr_purged) \
+             AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = t.job_id)",
+            &[],
+        )?;
         let archived = self.execute(
             "DELETE FROM archive WHERE job_id IN (SELECT job_id FROM jobmgr_purged)",
             &[],

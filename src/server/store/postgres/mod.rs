@@ -6,12 +6,15 @@
 
 mod clock;
 mod connect;
+mod dependencies;
 mod glob;
 mod jobs;
+mod labels;
 mod ledger;
 mod ledger_stats;
 mod notify;
 mod schema;
+mod throttles;
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -35,11 +38,15 @@ pub use notify::Announcements;
 /// The most read-only connections kept open.
 const MAX_READERS: u32 = 4;
 
+/// The read connections.
+type ReaderPool = r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
+
 /// Jobs in a PostgreSQL database, shared with other servers.
 pub struct PgStore {
     url: String,
     writer: Inbox,
-    readers: r2d2::Pool<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>,
+    /// `None` only while dropped (see [`Drop`]).
+    readers: Option<ReaderPool>,
     health: WriteHealth,
     clock: Arc<DatabaseClock>,
     announcements: Announcements,
@@ -88,7 +95,7 @@ impl PgStore {
         Ok(PgStore {
             url: redacted(url),
             writer,
-            readers,
+            readers: Some(readers),
             health,
             clock,
             announcements,
@@ -116,6 +123,15 @@ impl PgStore {
 impl Drop for PgStore {
     fn drop(&mut self) {
         self.close();
+        // Each read connection owns a runtime of its own, which may not be
+        // dropped on an async thread (the last handle on the store may go
+        // on one, when a server stops): the pool goes on a thread of its
+        // own.
+        if let Some(readers) = self.readers.take() {
+            let _ = std::thread::Builder::new()
+                .name("jobmgr-pg-close".into())
+                .spawn(move || drop(readers));
+        }
     }
 }
 
@@ -129,7 +145,10 @@ impl Store for PgStore {
     }
 
     fn submit_read(&self, op: ReadOp) {
-        let readers = self.readers.clone();
+        let readers = self
+            .readers
+            .clone()
+            .expect("the read pool lives as long as the store");
         tokio::task::spawn_blocking(move || {
             let mut client = match readers.get() {
                 Ok(client) => client,

@@ -161,6 +161,37 @@ const MIGRATIONS: &[&str] = &[
         attempts      BIGINT  NOT NULL DEFAULT 0,
         lapses        BIGINT  NOT NULL DEFAULT 0
     );"#,
+    // 2: tags (found by tag through the primary key, and by job through
+    // its index) and tracked jobs, as SQLite's schema 7 has them.
+    r#"CREATE TABLE job_tags (
+        tag    TEXT COLLATE "C" NOT NULL,
+        job_id BIGINT  NOT NULL,
+        PRIMARY KEY (tag, job_id)
+    );
+    CREATE INDEX job_tags_job ON job_tags (job_id, tag);
+    CREATE TABLE tracked_jobs (
+        job_id BIGINT  PRIMARY KEY,
+        since  BIGINT  NOT NULL
+    );"#,
+    // 3: throttles and jobs parked behind a full one, as SQLite's schema 8.
+    r#"CREATE TABLE throttles (
+        glob TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+        max  BIGINT NOT NULL
+    );
+    ALTER TABLE jobs ADD COLUMN held_back_by TEXT COLLATE "C";
+    DROP INDEX jobs_ready;
+    CREATE INDEX jobs_ready ON jobs (priority, next_run, job_id)
+        WHERE state IN ('QUEUED', 'RUNQUEUED') AND held_back_by IS NULL;
+    CREATE INDEX jobs_held_back ON jobs (held_back_by, priority DESC, next_run, job_id)
+        WHERE held_back_by IS NOT NULL;
+    CREATE INDEX jobs_held ON jobs (name) WHERE state IN ('RUNNING', 'RUNQUEUED');"#,
+    // 4: dependencies, as SQLite's schema 9 has them.
+    r#"CREATE TABLE job_dependencies (
+        job_id     BIGINT NOT NULL,
+        depends_on BIGINT NOT NULL,
+        PRIMARY KEY (job_id, depends_on)
+    );
+    CREATE INDEX job_dependencies_on ON job_dependencies (depends_on, job_id);"#,
 ];
 
 /// The schema version this build writes.

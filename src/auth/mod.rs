@@ -18,7 +18,12 @@
 //! - **Clients** read the same file when they can ([`for_client`]), so an
 //!   operator running the CLI as the server's user needs no flag.
 //!
+//! - **Job tokens** ([`job_token`]), derived from it, let a worker create
+//!   child jobs on the Bedrock port while its job runs, and nothing more.
+//!
 //! The token is never logged: [`ApiToken`]'s `Debug` hides it.
+
+pub mod job_token;
 
 use std::fmt;
 use std::fs::File;

@@ -1,0 +1,93 @@
+//! Dependencies between jobs as parameters: the lists of job ids a create
+//! names in `depends`, and a later change of them (`add`, `remove`),
+//! checked alike on both wire front-ends.
+
+use serde_json::Value;
+
+use super::{JobError, JobId};
+
+/// The most jobs one job may depend on, and the most one change may add or
+/// remove.
+pub const MAX_DEPENDS: usize = 100;
+
+/// A change of a job's dependencies: `POST /jobs/{id}/depends`, or
+/// Bedrock's UpdateJob with `addDepends` / `removeDepends`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeDepends {
+    /// Which job.
+    pub id: JobId,
+    /// Jobs it is to depend on as well (each created before it).
+    pub add: Vec<JobId>,
+    /// Jobs it is no longer to depend on.
+    pub remove: Vec<JobId>,
+}
+
+/// Checks a list of job ids given as numbers: each positive, at most
+/// [`MAX_DEPENDS`] of them; duplicates are dropped (the first kept), the
+/// order otherwise kept.
+pub fn check_depends(param: &'static str, ids: &[i64]) -> Result<Vec<JobId>, JobError> {
+    if ids.len() > MAX_DEPENDS {
+        return Err(JobError::TooManyDepends(param));
+    }
+    let mut out: Vec<JobId> = Vec::with_capacity(ids.len());
+    for &id in ids {
+        if id <= 0 {
+            return Err(JobError::Malformed(param));
+        }
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// Checks a list of job ids given as JSON text: an array of positive whole
+/// numbers (as [`check_depends`]). `402 Malformed <param>` for anything
+/// else.
+pub fn parse_depends(param: &'static str, text: &str) -> Result<Vec<JobId>, JobError> {
+    let items = match serde_json::from_str::<Value>(text.trim()) {
+        Ok(Value::Array(items)) => items,
+        _ => return Err(JobError::Malformed(param)),
+    };
+    if items.len() > MAX_DEPENDS {
+        return Err(JobError::TooManyDepends(param));
+    }
+    let ids = items
+        .iter()
+        .map(|item| item.as_i64().ok_or(JobError::Malformed(param)))
+        .collect::<Result<Vec<_>, _>>()?;
+    check_depends(param, &ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_positive_ids_without_duplicates_and_capped() {
+        assert_eq!(parse_depends("depends", "[3, 1, 3]"), Ok(vec![3, 1]));
+        assert_eq!(parse_depends("depends", " [] "), Ok(vec![]));
+        for bad in [
+            "", "3", "[0]", "[-1]", "[1.5]", "[\"1\"]", "{}", "[1,", "null",
+        ] {
+            assert_eq!(
+                parse_depends("depends", bad),
+                Err(JobError::Malformed("depends")),
+                "{bad}"
+            );
+        }
+        let many = format!(
+            "[{}]",
+            (1..=101)
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(
+            parse_depends("depends", &many),
+            Err(JobError::TooManyDepends("depends"))
+        );
+        let hundred: Vec<i64> = (1..=100).collect();
+        assert_eq!(check_depends("add", &hundred).map(|v| v.len()), Ok(100));
+    }
+}

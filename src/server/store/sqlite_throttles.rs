@@ -1,0 +1,233 @@
+//! Throttles and parked jobs in the SQLite store: [`ThrottleTx`] for
+//! [`SqliteTx`]. One writer runs every write transaction, so locking a
+//! throttle is reading it.
+
+use rusqlite::types::Value;
+use rusqlite::{params, params_from_iter};
+
+use super::ReadyJob;
+use super::sqlite::{COLUMNS, FailingTx, SqliteTx, read_job, store_error};
+use super::throttles::{Throttle, ThrottleTx, held_condition};
+use crate::protocol::{Job, JobError, JobId, NamePattern, Priority, Timestamp};
+
+fn read_throttles(
+    tx: &SqliteTx<'_>,
+    sql: &str,
+    params: &[Value],
+) -> Result<Vec<Throttle>, JobError> {
+    let mut statement = tx.conn.prepare_cached(sql).map_err(store_error)?;
+    let rows = statement
+        .query_map(params_from_iter(params), |row| {
+            Ok(Throttle {
+                glob: row.get(0)?,
+                max: row.get(1)?,
+            })
+        })
+        .map_err(store_error)?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+}
+
+/// The condition that `pattern` makes on `name`, its parameters appended.
+fn name_clause(pattern: &NamePattern, params: &mut Vec<Value>) -> Result<String, JobError> {
+    Ok(match pattern {
+        NamePattern::Glob(glob) => {
+            params.push(Value::Text(glob.clone()));
+            format!("name GLOB ?{}", params.len())
+        }
+        NamePattern::List(names) => {
+            params.push(Value::Text(
+                serde_json::to_string(names).map_err(|e| JobError::Store(e.to_string()))?,
+            ));
+            format!("name IN (SELECT value FROM json_each(?{}))", params.len())
+        }
+    })
+}
+
+impl ThrottleTx for SqliteTx<'_> {
+    fn list_throttles(&mut self) -> Result<Vec<Throttle>, JobError> {
+        read_throttles(self, "SELECT glob, max FROM throttles ORDER BY glob", &[])
+    }
+
+    fn lock_throttles(&mut self, globs: &[String]) -> Result<Vec<Throttle>, JobError> {
+        let list = serde_json::to_string(globs).map_err(|e| JobError::Store(e.to_string()))?;
+        read_throttles(
+            self,
+            "SELECT glob, max FROM throttles WHERE glob IN (SELECT value FROM json_each(?1)) \
+             ORDER BY glob",
+            &[Value::Text(list)],
+        )
+    }
+
+    fn held_matching(&mut self, glob: &str, now: Timestamp) -> Result<u64, JobError> {
+        let sql = format!(
+            "SELECT COUNT(*) FROM jobs WHERE {} AND name GLOB ?1",
+            held_condition("?2")
+        );
+        let count: i64 = self
+            .conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.query_row(params![glob, now.0], |row| row.get(0)))
+            .map_err(store_error)?;
+        Ok(count.max(0) as u64)
+    }
+
+    fn set_throttle(&mut self, glob: &str, max: i64) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO throttles (glob, max) VALUES (?1, ?2) \
+                 ON CONFLICT (glob) DO UPDATE SET max = excluded.max",
+            )
+            .and_then(|mut s| s.execute(params![glob, max]))
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn delete_throttle(&mut self, glob: &str) -> Result<bool, JobError> {
+        let removed = self
+            .conn
+            .prepare_cached("DELETE FROM throttles WHERE glob = ?1")
+            .and_then(|mut s| s.execute([glob]))
+            .map_err(store_error)?;
+        Ok(removed > 0)
+    }
+
+    fn count_throttles(&mut self) -> Result<usize, JobError> {
+        let count: i64 = self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM throttles")
+            .and_then(|mut s| s.query_row([], |row| row.get(0)))
+            .map_err(store_error)?;
+        Ok(count.max(0) as usize)
+    }
+
+    fn park_job(&mut self, id: JobId, glob: &str) -> Result<(), JobError> {
+        self.conn
+            .prepare_cached("UPDATE jobs SET held_back_by = ?2 WHERE job_id = ?1")
+            .and_then(|mut s| s.execute(params![id, glob]))
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    fn park_matching(&mut self, glob: &str) -> Result<u64, JobError> {
+        let parked = self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET held_back_by = ?1 WHERE state IN ('QUEUED', 'RUNQUEUED') \
+                 AND held_back_by IS NULL AND name GLOB ?1",
+            )
+            .and_then(|mut s| s.execute([glob]))
+            .map_err(store_error)?;
+        Ok(parked as u64)
+    }
+
+    fn parked_jobs(
+        &mut self,
+        glob: &str,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
+        now: Timestamp,
+        limit: usize,
+        _lock: bool,
+    ) -> Result<Vec<Job>, JobError> {
+        let mut params = vec![
+            Value::Text(glob.to_string()),
+            Value::Integer(now.0),
+            Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+        ];
+        let name = name_clause(pattern, &mut params)?;
+        let priority = match priority {
+            Some(p) => {
+                params.push(Value::Integer(p.value()));
+                format!(" AND priority = ?{}", params.len())
+            }
+            None => String::new(),
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM jobs WHERE held_back_by = ?1 AND state IN ('QUEUED', 'RUNQUEUED') \
+             AND next_run <= ?2 AND {name}{priority} \
+             ORDER BY priority DESC, next_run, job_id LIMIT ?3"
+        );
+        let mut statement = self.conn.prepare_cached(&sql).map_err(store_error)?;
+        let rows = statement
+            .query_map(params_from_iter(params), read_job)
+            .map_err(store_error)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+    }
+
+    fn release_parked(
+        &mut self,
+        glob: &str,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ReadyJob>, JobError> {
+        let first = self.parked_jobs(
+            glob,
+            &NamePattern::Glob("*".into()),
+            None,
+            now,
+            limit,
+            false,
+        )?;
+        self.conn
+            .prepare_cached("UPDATE jobs SET held_back_by = NULL WHERE held_back_by = ?1")
+            .and_then(|mut s| s.execute([glob]))
+            .map_err(store_error)?;
+        Ok(first.into_iter().map(|job| ready_job(&job)).collect())
+    }
+}
+
+/// A job as a wake-up names it.
+pub(super) fn ready_job(job: &Job) -> ReadyJob {
+    ReadyJob {
+        id: job.id,
+        name: job.name.clone(),
+        priority: job.priority,
+        next_run: job.next_run,
+    }
+}
+
+impl ThrottleTx for FailingTx {
+    fn list_throttles(&mut self) -> Result<Vec<Throttle>, JobError> {
+        Err(self.0.clone())
+    }
+    fn lock_throttles(&mut self, _: &[String]) -> Result<Vec<Throttle>, JobError> {
+        Err(self.0.clone())
+    }
+    fn held_matching(&mut self, _: &str, _: Timestamp) -> Result<u64, JobError> {
+        Err(self.0.clone())
+    }
+    fn set_throttle(&mut self, _: &str, _: i64) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn delete_throttle(&mut self, _: &str) -> Result<bool, JobError> {
+        Err(self.0.clone())
+    }
+    fn count_throttles(&mut self) -> Result<usize, JobError> {
+        Err(self.0.clone())
+    }
+    fn park_job(&mut self, _: JobId, _: &str) -> Result<(), JobError> {
+        Err(self.0.clone())
+    }
+    fn park_matching(&mut self, _: &str) -> Result<u64, JobError> {
+        Err(self.0.clone())
+    }
+    fn parked_jobs(
+        &mut self,
+        _: &str,
+        _: &NamePattern,
+        _: Option<Priority>,
+        _: Timestamp,
+        _: usize,
+        _: bool,
+    ) -> Result<Vec<Job>, JobError> {
+        Err(self.0.clone())
+    }
+    fn release_parked(
+        &mut self,
+        _: &str,
+        _: Timestamp,
+        _: usize,
+    ) -> Result<Vec<ReadyJob>, JobError> {
+        Err(self.0.clone())
+    }
+}
