@@ -17,7 +17,9 @@
 //!   itself (the same host and port as an accepted `Host`).
 //! - **Content type.** A page can send a body without asking the server
 //!   first only as `text/plain`, a form or multipart. Every request with a
-//!   body, or with a `Content-Type`, must say `application/json`.
+//!   body, or with a `Content-Type`, must say `application/json`; under
+//!   `/ui/` (the dashboard, whose forms carry a CSRF token, see
+//!   [`super::ui`]) it must say `application/x-www-form-urlencoded`.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -168,7 +170,11 @@ impl BrowserPolicy {
                 ));
             }
         }
-        check_content_type(headers)
+        if path.starts_with("/ui/") {
+            check_form_content_type(headers)
+        } else {
+            check_content_type(headers)
+        }
     }
 }
 
@@ -197,6 +203,41 @@ fn foreign_host(host: &str) -> ApiError {
             "this server does not answer to the host {host:?}; call it by its address or localhost, or start it with --allowed-host NAME to accept that name"
         ),
     )
+}
+
+/// Refuses a dashboard body that is not a form.
+fn check_form_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    if !has_body(headers) && !headers.contains_key(header::CONTENT_TYPE) {
+        return Ok(());
+    }
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| {
+            media
+                .trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        });
+    if form {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the dashboard takes forms only (`Content-Type: application/x-www-form-urlencoded`); \
+             the JSON API is outside /ui",
+        ))
+    }
+}
+
+/// Whether a request has a body.
+fn has_body(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
 }
 
 /// Refuses a body that is not declared `application/json`.

@@ -1,7 +1,8 @@
 //! The HTTP/JSON front-end: a resource API over the queue (`/jobs`, their
 //! actions, and `/dequeue` with a wait), its OpenAPI document at
-//! `/openapi.json`, the bearer-token check on every route but `/healthz`,
-//! and browser safety (see [`browser`]) on every request.
+//! `/openapi.json`, the bearer-token check on every route but `/healthz`
+//! and the dashboard at `/ui` (see [`ui`], which has its own login), and
+//! browser safety (see [`browser`]) on every request.
 
 mod archive;
 mod body;
@@ -9,10 +10,11 @@ pub mod browser;
 mod error;
 pub mod events;
 pub mod listen;
-mod reports;
+pub(crate) mod reports;
 mod requests;
 mod routes;
 mod throttles;
+pub mod ui;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -35,6 +37,7 @@ use crate::server::queue::Queue;
 /// are refused by `browser` (give it the bound address with
 /// [`BrowserPolicy::bound_to`]).
 pub fn router(queue: Queue, token: ApiToken, browser: BrowserPolicy) -> Router {
+    let token_for_ui = token.clone();
     let api = Router::new()
         .route("/openapi.json", get(routes::openapi))
         .route("/jobs", post(routes::create).get(routes::list))
@@ -82,6 +85,7 @@ pub fn router(queue: Queue, token: ApiToken, browser: BrowserPolicy) -> Router {
     Router::new()
         .route("/healthz", get(routes::health))
         .merge(api)
+        .merge(ui::router(queue.clone(), token_for_ui))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(browser, browser::guard))

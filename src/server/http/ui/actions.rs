@@ -1,0 +1,278 @@
+//! The dashboard's actions: POST forms only, each carrying the session's
+//! CSRF token, each a queue call the JSON API also makes. After an action
+//! the browser is sent back (303) to the page it came from, with a notice.
+
+use std::collections::HashMap;
+
+use axum::Extension;
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::session::{self, Session};
+use super::{Ui, now_secs};
+use crate::protocol::{Priority, RequeueJobs, UpdateJob, parse_job_id};
+use crate::server::ledger::failure::valid_group;
+
+/// The largest form body read (a form holds a token and a field or two).
+const MAX_FORM_BYTES: usize = 16 * 1024;
+
+/// A form's fields, or why it could not be read.
+async fn form(request: Request) -> Result<HashMap<String, String>, Response> {
+    let bytes = axum::body::to_bytes(request.into_body(), MAX_FORM_BYTES)
+        .await
+        .map_err(|_| {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the form is larger than 16 KiB",
+            )
+                .into_response()
+        })?;
+    serde_urlencoded::from_bytes(&bytes).map_err(|_| {
+        (
+            StatusCode::BAD_REQUEST,
+            "the form is not application/x-www-form-urlencoded; send it from the dashboard's pages",
+        )
+            .into_response()
+    })
+}
+
+/// A 303 to `to`, with a notice to show there.
+fn back_to(to: &str, notice: &str) -> Response {
+    let separator = if to.contains('?') { '&' } else { '?' };
+    let query = serde_urlencoded::to_string([("notice", notice)]).unwrap_or_default();
+    (
+        StatusCode::SEE_OTHER,
+        [(header::LOCATION, format!("{to}{separator}{query}"))],
+    )
+        .into_response()
+}
+
+/// Refuses a form without this session's CSRF token.
+fn check_csrf(ui: &Ui, session: &Session, fields: &HashMap<String, String>) -> Result<(), Response> {
+    let given = fields.get("csrf").map_or("", String::as_str);
+    if session.csrf_matches(&ui.token, given) {
+        Ok(())
+    } else {
+        Err(ui.templates.error(
+            StatusCode::FORBIDDEN,
+            "this form's CSRF token is missing or stale (the page is older than your session); \
+             reload the page and try again",
+            "/ui",
+            &session.csrf(&ui.token),
+        ))
+    }
+}
+
+/// `POST /ui/login` with `token`: a session cookie for the right token.
+pub async fn login(State(ui): State<Ui>, request: Request) -> Response {
+    let proof = request
+        .extensions()
+        .get::<crate::server::http::listen::Proof>()
+        .cloned();
+    let fields = match form(request).await {
+        Ok(fields) => fields,
+        Err(response) => return response,
+    };
+    let given = fields.get("token").map_or("", |t| t.trim());
+    if !ui.token.matches(given) {
+        let mut response = ui
+            .templates
+            .login(Some(
+                "That is not this server's token. It is the text in the file `token` beside \
+                 the server's database (or its --token).",
+            ))
+            .map_or_else(|r| r, IntoResponse::into_response);
+        *response.status_mut() = StatusCode::UNAUTHORIZED;
+        return response;
+    }
+    if let Some(proof) = proof {
+        proof.prove();
+    }
+    let session = Session::mint(&ui.token, now_secs());
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, session.set_cookie()),
+            (header::LOCATION, "/ui".to_string()),
+        ],
+    )
+        .into_response()
+}
+
+/// `POST /ui/logout`: ends the session (the cookie is dropped).
+pub async fn logout(
+    State(ui): State<Ui>,
+    Extension(session): Extension<Session>,
+    request: Request,
+) -> Response {
+    let fields = match form(request).await {
+        Ok(fields) => fields,
+        Err(response) => return response,
+    };
+    if let Err(response) = check_csrf(&ui, &session, &fields) {
+        return response;
+    }
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, session::clear_cookie()),
+            (header::LOCATION, "/ui/login".to_string()),
+        ],
+    )
+        .into_response()
+}
+
+/// `POST /ui/jobs/{id}/{action}`: `retry` (queue it again now), `cancel`,
+/// `delete`, `priority` (field `priority`), `next-run` (field `next_run`).
+pub async fn job_action(
+    State(ui): State<Ui>,
+    Extension(session): Extension<Session>,
+    Path((id, action)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let fields = match form(request).await {
+        Ok(fields) => fields,
+        Err(response) => return response,
+    };
+    if let Err(response) = check_csrf(&ui, &session, &fields) {
+        return response;
+    }
+    let id = match parse_job_id("jobID", &id) {
+        Ok(id) => id,
+        Err(e) => return ui.fail(&session, e, "/ui/jobs"),
+    };
+    let page = format!("/ui/jobs/{id}");
+    let back = match fields.get("back").map(String::as_str) {
+        Some("failures") => "/ui/failures".to_string(),
+        _ => page.clone(),
+    };
+    let queue = &ui.queue;
+    let done = match action.as_str() {
+        "retry" => queue
+            .requeue(RequeueJobs {
+                ids: vec![id],
+                name: None,
+            })
+            .await
+            .and_then(|count| {
+                if count == 0 {
+                    Err(crate::protocol::JobError::NoSuchJob)
+                } else {
+                    Ok(format!("Job {id} is queued to run again."))
+                }
+            }),
+        "cancel" => queue
+            .cancel(id)
+            .await
+            .map(|()| format!("Job {id} is cancelled.")),
+        "delete" => match queue.delete(id).await {
+            Ok(()) => {
+                let to = if back == page { "/ui/jobs" } else { &back };
+                return back_to(to, &format!("Job {id} is deleted."));
+            }
+            Err(e) => Err(e),
+        },
+        "priority" => {
+            let priority = fields
+                .get("priority")
+                .and_then(|p| p.trim().parse::<i64>().ok())
+                .ok_or(crate::protocol::JobError::InvalidPriority)
+                .and_then(Priority::new);
+            match priority {
+                Ok(priority) => change(&ui, id, Some(priority), None)
+                    .await
+                    .map(|()| format!("Job {id} now has priority {}.", priority.value())),
+                Err(e) => Err(e),
+            }
+        }
+        "next-run" => {
+            match super::pages::form_time(fields.get("next_run").map_or("", String::as_str)) {
+                Ok(at) => change(&ui, id, None, Some(at))
+                    .await
+                    .map(|()| format!("Job {id} runs next at {at}.")),
+                Err(e) => Err(e),
+            }
+        }
+        other => {
+            return ui.refuse(
+                &session,
+                format!("no action {other:?}: the dashboard's job actions are retry, cancel, delete, priority and next-run"),
+                &page,
+            );
+        }
+    };
+    match done {
+        Ok(notice) => back_to(&back, &notice),
+        Err(e) => ui.fail(&session, e, &back),
+    }
+}
+
+/// Changes a job's priority or next run, keeping its data.
+async fn change(
+    ui: &Ui,
+    id: i64,
+    priority: Option<Priority>,
+    next_run: Option<crate::protocol::Timestamp>,
+) -> Result<(), crate::protocol::JobError> {
+    let job = ui.queue.query(id).await?;
+    ui.queue
+        .update(UpdateJob {
+            id,
+            data: job.data,
+            repeat: None,
+            clear_repeat: false,
+            priority,
+            next_run,
+            lease: None,
+        })
+        .await
+}
+
+/// `POST /ui/failures/{group}/{action}`: `retry` or `delete` every job of
+/// a failure group (up to 10,000 at a time).
+pub async fn group_action(
+    State(ui): State<Ui>,
+    Extension(session): Extension<Session>,
+    Path((group, action)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let fields = match form(request).await {
+        Ok(fields) => fields,
+        Err(response) => return response,
+    };
+    if let Err(response) = check_csrf(&ui, &session, &fields) {
+        return response;
+    }
+    if !valid_group(&group) {
+        return ui.refuse(
+            &session,
+            "a failure group is 1 to 64 letters, digits, '_', ':', '-' or '+'; pick one on the failures page".into(),
+            "/ui/failures",
+        );
+    }
+    let max = crate::server::http::reports::MAX_BULK;
+    let done = match action.as_str() {
+        "retry" => ui
+            .queue
+            .retry_failed(group.clone(), max)
+            .await
+            .map(|ids| format!("{} jobs of {group} are queued to run again.", ids.len())),
+        "delete" => ui
+            .queue
+            .delete_failed(group.clone(), max)
+            .await
+            .map(|ids| format!("{} jobs of {group} are deleted.", ids.len())),
+        other => {
+            return ui.refuse(
+                &session,
+                format!("no action {other:?}: a failure group can be retried or deleted"),
+                "/ui/failures",
+            );
+        }
+    };
+    match done {
+        Ok(notice) => back_to("/ui/failures", &notice),
+        Err(e) => ui.fail(&session, e, "/ui/failures"),
+    }
+}
