@@ -62,4 +62,5 @@ mod supervisor;
 mod tags;
 mod throttles;
 mod tls;
+mod ui;
 mod wake_ups;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 pub mod bedrock_conn;
+pub mod browser;
 mod fault_proxy;
 mod pg;
 mod process;

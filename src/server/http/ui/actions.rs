@@ -49,7 +49,11 @@ fn back_to(to: &str, notice: &str) -> Response {
 }
 
 /// Refuses a form without this session's CSRF token.
-fn check_csrf(ui: &Ui, session: &Session, fields: &HashMap<String, String>) -> Result<(), Response> {
+fn check_csrf(
+    ui: &Ui,
+    session: &Session,
+    fields: &HashMap<String, String>,
+) -> Result<(), Response> {
     let given = fields.get("csrf").map_or("", String::as_str);
     if session.csrf_matches(&ui.token, given) {
         Ok(())

@@ -63,6 +63,9 @@ mod tests {
             .unwrap();
         assert!(chart.name.contains(CHART_JS_VERSION));
         let head = String::from_utf8_lossy(&chart.bytes[..100]);
-        assert!(head.contains(&format!("Chart.js v{CHART_JS_VERSION}")), "{head}");
+        assert!(
+            head.contains(&format!("Chart.js v{CHART_JS_VERSION}")),
+            "{head}"
+        );
     }
 }

@@ -4,16 +4,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::Ui;
 use super::render::Page;
 use super::session::Session;
-use super::Ui;
 use crate::protocol::view::query_json;
 use crate::protocol::{JobError, JobState, NamePattern, Priority, Timestamp, parse_job_id};
 use crate::server::http::listen::MAX_PAGE_BYTES;
@@ -134,6 +134,14 @@ pub fn progress(data: &Value) -> Option<f64> {
         .then(|| (percent.clamp(0.0, 100.0) * 10.0).round() / 10.0)
 }
 
+/// A percentage as shown: whole numbers without a fraction.
+fn percent(value: Option<f64>) -> Value {
+    match value {
+        Some(p) if p.fract() == 0.0 => json!(p as i64),
+        other => json!(other),
+    }
+}
+
 /// The last `TAIL_CHARS` characters of `text`.
 fn tail(text: &str) -> String {
     let count = text.chars().count();
@@ -224,13 +232,11 @@ pub async fn overview(
         Ok(window) => window,
         Err(message) => return ui.refuse(&session, message, "/ui"),
     };
-    let (stats, workers) = match tokio::try_join!(
-        queue.stats(None, Period::Hour, window),
-        queue.workers()
-    ) {
-        Ok(both) => both,
-        Err(e) => return ui.fail(&session, e, "/ui"),
-    };
+    let (stats, workers) =
+        match tokio::try_join!(queue.stats(None, Period::Hour, window), queue.workers()) {
+            Ok(both) => both,
+            Err(e) => return ui.fail(&session, e, "/ui"),
+        };
     // Counts per state and per name, from the statistics' queue depth.
     let mut per_state: BTreeMap<&str, u64> = BTreeMap::new();
     let mut names: Vec<(String, Vec<u64>, u64)> = Vec::new();
@@ -256,7 +262,14 @@ pub async fn overview(
         .collect();
     let summed = sum_series(&stats);
     let last = summed.times.len().saturating_sub(1);
-    let figure = |name: &str| summed.counts.get(name).and_then(|v| v.get(last)).copied().unwrap_or(0);
+    let figure = |name: &str| {
+        summed
+            .counts
+            .get(name)
+            .and_then(|v| v.get(last))
+            .copied()
+            .unwrap_or(0)
+    };
     let hour = json!({
         "finished": figure("finished"),
         "failed": figure("failed"),
@@ -265,7 +278,11 @@ pub async fn overview(
         "wait": secs(summed.wait.get(last).copied().and_then(mean)),
         "run": secs(summed.run.get(last).copied().and_then(mean)),
     });
-    let labels: Vec<String> = summed.times.iter().map(|t| label(t, Period::Hour)).collect();
+    let labels: Vec<String> = summed
+        .times
+        .iter()
+        .map(|t| label(t, Period::Hour))
+        .collect();
     let series = |name: &str| json!(summed.counts.get(name).cloned().unwrap_or_default());
     let throughput = chart(
         "line",
@@ -315,7 +332,10 @@ pub async fn jobs(
 ) -> Response {
     let name = params.name.clone().unwrap_or_default();
     let state_text = params.state.clone().unwrap_or_default();
-    let pattern = match Some(name.trim()).filter(|n| !n.is_empty()).map(NamePattern::parse) {
+    let pattern = match Some(name.trim())
+        .filter(|n| !n.is_empty())
+        .map(NamePattern::parse)
+    {
         None => None,
         Some(Ok(p)) => Some(p),
         Some(Err(e)) => return ui.fail(&session, e, "/ui/jobs"),
@@ -352,8 +372,8 @@ pub async fn jobs(
         Ok(page) => page,
         Err(e) => return ui.fail(&session, e, "/ui/jobs"),
     };
-    let filter_query = serde_urlencoded::to_string([("name", &name), ("state", &state_text)])
-        .unwrap_or_default();
+    let filter_query =
+        serde_urlencoded::to_string([("name", &name), ("state", &state_text)]).unwrap_or_default();
     let next_url = (page.cut || page.jobs.len() == JOBS_PER_PAGE)
         .then(|| page.jobs.last())
         .flatten()
@@ -451,7 +471,9 @@ pub async fn job(
         .map(|a| {
             let end = a.end.as_ref();
             let exit = match end {
-                Some(e) if e.signal.is_some() => format!("signal {}", e.signal.as_deref().unwrap_or("")),
+                Some(e) if e.signal.is_some() => {
+                    format!("signal {}", e.signal.as_deref().unwrap_or(""))
+                }
                 Some(e) if e.exit_code.is_some() => format!("exit {}", e.exit_code.unwrap_or(0)),
                 _ => String::new(),
             };
@@ -478,10 +500,12 @@ pub async fn job(
         "id": id,
         "job": job,
         "data": serde_json::to_string_pretty(&data).unwrap_or_default(),
-        "progress": progress(&data),
+        "progress": percent(progress(&data)),
         "attempts": attempts,
         "attempts_total": history.attempts_total,
         "actions": history.job.is_some(),
+        // Bedrock cancels child jobs only.
+        "cancellable": history.job.as_ref().is_some_and(|j| j.is_child()),
         "priority": priority,
         "priorities": Priority::ALL,
         "next_run": next_run,
@@ -517,7 +541,11 @@ pub async fn running(
     };
     let holders: HashMap<i64, (&str, u32)> = workers
         .iter()
-        .flat_map(|w| w.jobs.iter().map(move |id| (*id, (w.info.id.as_str(), w.info.pid))))
+        .flat_map(|w| {
+            w.jobs
+                .iter()
+                .map(move |id| (*id, (w.info.id.as_str(), w.info.pid)))
+        })
         .collect();
     let now = ui.queue.now();
     let jobs: Vec<Value> = page
@@ -535,7 +563,7 @@ pub async fn running(
                 "worker": holder.map_or("", |h| h.0),
                 "pid": holder.map(|h| h.1),
                 "elapsed": elapsed,
-                "progress": progress(&Value::Object(job.data.clone())),
+                "progress": percent(progress(&Value::Object(job.data.clone()))),
             })
         })
         .collect();
@@ -656,7 +684,11 @@ pub async fn supervisors(
         }
         let values: Vec<Option<f64>> = points
             .iter()
-            .map(|p| p["utilisation"].as_f64().map(|u| (u * 1000.0).round() / 10.0))
+            .map(|p| {
+                p["utilisation"]
+                    .as_f64()
+                    .map(|u| (u * 1000.0).round() / 10.0)
+            })
             .collect();
         datasets.push(dataset(
             &format!("{} (%)", serie["worker"].as_str().unwrap_or("")),
@@ -680,7 +712,10 @@ pub async fn supervisors(
 /// the upper bound of the bucket it falls in.
 pub fn percentile(histogram: &Value, fraction: f64) -> Option<f64> {
     let buckets = histogram.as_array()?;
-    let total: u64 = buckets.iter().map(|b| b["count"].as_u64().unwrap_or(0)).sum();
+    let total: u64 = buckets
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap_or(0))
+        .sum();
     if total == 0 {
         return None;
     }
@@ -707,7 +742,10 @@ fn histogram_chart(histogram: &Value, name: &str) -> Value {
             }
         })
         .collect();
-    let counts: Vec<u64> = buckets.iter().map(|b| b["count"].as_u64().unwrap_or(0)).collect();
+    let counts: Vec<u64> = buckets
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap_or(0))
+        .collect();
     chart("bar", labels, vec![dataset(name, json!(counts))])
 }
 
@@ -725,11 +763,18 @@ pub async fn stats(
         Some(text) => match Period::parse(text) {
             Some(p) => p,
             None => {
-                return ui.refuse(&session, format!("period must be hour or day, not {text:?}"), "/ui/stats");
+                return ui.refuse(
+                    &session,
+                    format!("period must be hour or day, not {text:?}"),
+                    "/ui/stats",
+                );
             }
         },
     };
-    let pattern = match Some(name.trim()).filter(|n| !n.is_empty()).map(NamePattern::parse) {
+    let pattern = match Some(name.trim())
+        .filter(|n| !n.is_empty())
+        .map(NamePattern::parse)
+    {
         None => None,
         Some(Ok(p)) => Some(p),
         Some(Err(e)) => return ui.fail(&session, e, "/ui/stats"),
@@ -742,7 +787,11 @@ pub async fn stats(
         Ok(stats) => stats,
         Err(e) => return ui.fail(&session, e, "/ui/stats"),
     };
-    let period_name = if period == Period::Hour { "hour" } else { "day" };
+    let period_name = if period == Period::Hour {
+        "hour"
+    } else {
+        "day"
+    };
     let total = &stats["total"];
     let percentiles: Vec<Value> = [("Wait", "wait"), ("Run", "run")]
         .iter()
@@ -779,7 +828,8 @@ pub async fn stats(
         .map(|serie| {
             let one = sum_series(&json!({"series": [serie]}));
             let sum = |figure: &str| one.counts.get(figure).map_or(0, |v| v.iter().sum::<u64>());
-            let total = |v: &Vec<(f64, u64)>| v.iter().fold((0.0, 0), |a, p| (a.0 + p.0, a.1 + p.1));
+            let total =
+                |v: &Vec<(f64, u64)>| v.iter().fold((0.0, 0), |a, p| (a.0 + p.0, a.1 + p.1));
             json!({
                 "name": serie["name"],
                 "added": sum("added"),
@@ -824,8 +874,14 @@ mod tests {
     fn progress_is_a_percentage_or_done_over_total() {
         assert_eq!(progress(&json!({"progress": 42})), Some(42.0));
         assert_eq!(progress(&json!({"progress": 150})), Some(100.0));
-        assert_eq!(progress(&json!({"progress": {"done": 1, "total": 4}})), Some(25.0));
-        assert_eq!(progress(&json!({"progress": {"done": 1, "total": 0}})), None);
+        assert_eq!(
+            progress(&json!({"progress": {"done": 1, "total": 4}})),
+            Some(25.0)
+        );
+        assert_eq!(
+            progress(&json!({"progress": {"done": 1, "total": 0}})),
+            None
+        );
         assert_eq!(progress(&json!({"progress": "half"})), None);
         assert_eq!(progress(&json!({})), None);
     }
@@ -847,7 +903,9 @@ mod tests {
 
     #[test]
     fn own_url_drops_live_and_notice() {
-        let uri: Uri = "/ui/jobs?name=a&live=1&notice=x&state=FAILED".parse().unwrap();
+        let uri: Uri = "/ui/jobs?name=a&live=1&notice=x&state=FAILED"
+            .parse()
+            .unwrap();
         assert_eq!(own_url(&uri), "/ui/jobs?name=a&state=FAILED");
         let uri: Uri = "/ui?live=1".parse().unwrap();
         assert_eq!(own_url(&uri), "/ui");
