@@ -21,9 +21,11 @@
 //!
 //! `JOBMGR_BENCH_ONLY=dependencies` runs only the dequeue latency with 10^5
 //! jobs waiting on dependencies (both stores, a few minutes) and replaces
-//! only its section of the report.
+//! only its section of the report; `JOBMGR_BENCH_ONLY=dashboard` likewise
+//! the dashboard's pages with 10^6 jobs stored.
 
 mod common;
+mod dashboard;
 mod dependencies;
 mod events;
 mod limits;
@@ -63,6 +65,8 @@ pub struct Scale {
     /// Jobs waiting on dependencies in the dequeue-latency measure beside
     /// them.
     pub dependency_waiting: usize,
+    /// Jobs stored while the dashboard's pages are timed.
+    pub dashboard_jobs: usize,
 }
 
 const FULL: Scale = Scale {
@@ -79,6 +83,7 @@ const FULL: Scale = Scale {
     rss_jobs: 100_000,
     rss_rounds: 10,
     dependency_waiting: 100_000,
+    dashboard_jobs: 1_000_000,
 };
 
 const SMOKE: Scale = Scale {
@@ -95,6 +100,7 @@ const SMOKE: Scale = Scale {
     rss_jobs: 200,
     rss_rounds: 2,
     dependency_waiting: 2_000,
+    dashboard_jobs: 2_000,
 };
 
 fn main() {
@@ -114,12 +120,13 @@ fn main() {
         }
         Some("postgres") => return only_postgres(scale, smoke, started),
         Some("dependencies") => return only_dependencies(scale, smoke, started),
+        Some("dashboard") => return only_dashboard(scale, smoke, started),
         Some("events") => {
             println!("{}", runtime().block_on(events::report(scale)));
             return;
         }
         Some(other) => panic!(
-            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\" or \"events\" (or unset for the full run)"
+            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\", \"dashboard\" or \"events\" (or unset for the full run)"
         ),
     }
     let runtime = runtime();
@@ -141,6 +148,8 @@ fn main() {
     report.push_str(&dependencies_part(
         runtime.block_on(dependencies::report(scale)),
     ));
+    report.push('\n');
+    report.push_str(&dashboard_part(runtime.block_on(dashboard::report(scale))));
     report.push('\n');
     report.push_str(&limits::report(scale));
     report.push_str(&supervisor::report(scale));
@@ -264,6 +273,52 @@ fn only_dependencies(scale: Scale, smoke: bool, started: std::time::Instant) {
     let new = match (old.find(DEPS_BEGIN), old.find(DEPS_END)) {
         (Some(begin), Some(end)) if begin < end => {
             let mut end = end + DEPS_END.len();
+            if old[end..].starts_with('\n') {
+                end += 1;
+            }
+            format!("{}{part}{}", &old[..begin], &old[end..])
+        }
+        _ => match old.find("\n## The HTTP port under attack") {
+            Some(at) => format!("{}{part}\n{}", &old[..at + 1], &old[at + 1..]),
+            None => format!("{}\n\n{part}", old.trim_end()),
+        },
+    };
+    std::fs::write(&path, &new).expect("write report");
+    println!("{part}\nwritten into {path} (its other sections unchanged)");
+}
+
+/// Where the dashboard section begins and ends, so that
+/// `JOBMGR_BENCH_ONLY=dashboard` can replace it alone.
+const UI_BEGIN: &str = "<!-- Dashboard section: begin (JOBMGR_BENCH_ONLY=dashboard replaces what lies between these marks) -->";
+const UI_END: &str = "<!-- Dashboard section: end -->";
+
+/// The dashboard section between its marks.
+fn dashboard_part(section: String) -> String {
+    format!("{UI_BEGIN}\n\n{}\n\n{UI_END}\n", section.trim_end())
+}
+
+/// `JOBMGR_BENCH_ONLY=dashboard`: the dashboard section, written into the
+/// report in place of the last one (or, if it has none, before the HTTP
+/// port's limits), the rest left as it is.
+fn only_dashboard(scale: Scale, smoke: bool, started: std::time::Instant) {
+    let runtime = runtime();
+    let section = runtime.block_on(dashboard::report(scale));
+    let date = chrono::Utc::now().format("%Y-%m-%d");
+    let part = dashboard_part(format!(
+        "{}\n\n*Measured on {date} by `JOBMGR_BENCH_ONLY=dashboard cargo bench --bench jobmgr`, a run of its own ({:.0} s) on {}; the rest of this file is as the run that wrote it left it.*",
+        section.trim_end(),
+        started.elapsed().as_secs_f64(),
+        common::machine(),
+    ));
+    if smoke {
+        println!("{part}\n(smoke run: figures not recorded)");
+        return;
+    }
+    let path = report_path();
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let new = match (old.find(UI_BEGIN), old.find(UI_END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            let mut end = end + UI_END.len();
             if old[end..].starts_with('\n') {
                 end += 1;
             }

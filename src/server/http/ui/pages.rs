@@ -271,6 +271,7 @@ pub async fn overview(
             .unwrap_or(0)
     };
     let hour = json!({
+        "since": summed.times.get(last).and_then(|t| t.get(11..16)).unwrap_or(""),
         "finished": figure("finished"),
         "failed": figure("failed"),
         "retried": figure("retried"),
@@ -798,13 +799,21 @@ pub async fn stats(
         .map(|(label, key)| {
             let figure = &total[key];
             let histogram = &figure["histogram"];
+            // A bucket's bound may lie past the largest sample.
+            let (low, high) = (
+                figure["min"].as_f64().unwrap_or(0.0),
+                figure["max"].as_f64().unwrap_or(f64::MAX),
+            );
+            let at = |fraction| {
+                percentile(histogram, fraction).map(|p: f64| p.clamp(low, high.max(low)))
+            };
             json!({
                 "label": label,
                 "count": figure["count"].as_u64().unwrap_or(0),
                 "mean": secs(figure["mean"].as_f64()),
-                "p50": secs(percentile(histogram, 0.5)),
-                "p90": secs(percentile(histogram, 0.9)),
-                "p99": secs(percentile(histogram, 0.99)),
+                "p50": secs(at(0.5)),
+                "p90": secs(at(0.9)),
+                "p99": secs(at(0.99)),
                 "max": secs(figure["max"].as_f64()),
             })
         })
