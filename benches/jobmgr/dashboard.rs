@@ -135,5 +135,6 @@ pub async fn report(scale: Scale) -> String {
     ));
     out.push_str("| page | URL | p50 ms | p95 ms |\n| --- | --- | --- | --- |\n");
     out.push_str(&rows);
+    out.push_str("\nThe overview's counts per name and state are a count made in the background (README, \"Dashboard\"): these figures are the page's time, not the count's (about 0.6 s of one core with 10^6 jobs, made again at most once per ten times that). The jobs list is the API's listing query (`GET /jobs` takes the same time): an exact name reads its part of the name index, and a state alone reads the table in id order until the page is full (a state no job is in reads it all). A GLOB with a wildcard after a literal prefix reads the prefix's range of the name index and sorts it by id, so it costs in proportion to the jobs the prefix matches (here 500,000, over the goal).\n");
     out
 }

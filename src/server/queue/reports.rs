@@ -203,14 +203,40 @@ impl Queue {
         &self,
         pattern: Option<NamePattern>,
         period: Period,
+        window: (Timestamp, Timestamp),
+    ) -> Result<Value, JobError> {
+        self.stats_of(pattern, period, window, true).await
+    }
+
+    /// As [`Queue::stats`], without the queue's depth (which counts every
+    /// job: most of the time a statistics answer takes with a million jobs
+    /// stored); `queue` is empty.
+    pub async fn stats_without_depth(
+        &self,
+        pattern: Option<NamePattern>,
+        period: Period,
+        window: (Timestamp, Timestamp),
+    ) -> Result<Value, JobError> {
+        self.stats_of(pattern, period, window, false).await
+    }
+
+    async fn stats_of(
+        &self,
+        pattern: Option<NamePattern>,
+        period: Period,
         (from, to): (Timestamp, Timestamp),
+        with_depth: bool,
     ) -> Result<Value, JobError> {
         let step = period.millis();
         let wanted = pattern.clone();
         let (rows, depth) = self
             .read(move |tx| {
                 let rows = tx.ledger().stats(wanted.as_ref(), from, to)?;
-                let depth = tx.count_by_name()?;
+                let depth = if with_depth {
+                    tx.count_by_name()?
+                } else {
+                    Vec::new()
+                };
                 Ok((rows, depth))
             })
             .await?;

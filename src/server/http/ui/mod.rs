@@ -17,6 +17,7 @@
 
 mod actions;
 mod assets;
+mod depth;
 mod pages;
 mod render;
 pub mod session;
@@ -43,6 +44,7 @@ pub struct Ui {
     queue: Queue,
     token: ApiToken,
     templates: Arc<Templates>,
+    depth: depth::Depth,
 }
 
 /// The dashboard's routes, all under `/ui`.
@@ -51,6 +53,7 @@ pub fn router<S>(queue: Queue, token: ApiToken) -> Router<S> {
         queue,
         token,
         templates: Arc::new(Templates::new()),
+        depth: depth::Depth::default(),
     };
     let pages = Router::new()
         .route("/ui", get(pages::overview))

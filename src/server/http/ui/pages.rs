@@ -232,27 +232,31 @@ pub async fn overview(
         Ok(window) => window,
         Err(message) => return ui.refuse(&session, message, "/ui"),
     };
-    let (stats, workers) =
-        match tokio::try_join!(queue.stats(None, Period::Hour, window), queue.workers()) {
-            Ok(both) => both,
-            Err(e) => return ui.fail(&session, e, "/ui"),
-        };
-    // Counts per state and per name, from the statistics' queue depth.
+    let (stats, workers, (depth, counted)) = match tokio::try_join!(
+        queue.stats_without_depth(None, Period::Hour, window),
+        queue.workers(),
+        ui.depth.get(queue),
+    ) {
+        Ok(all) => all,
+        Err(e) => return ui.fail(&session, e, "/ui"),
+    };
+    // Counts per state and per name.
     let mut per_state: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut names: Vec<(String, Vec<u64>, u64)> = Vec::new();
-    if let Some(depth) = stats["queue"].as_object() {
-        for (name, states) in depth {
-            let counts: Vec<u64> = JobState::ALL
-                .iter()
-                .map(|s| states[s.as_str()].as_u64().unwrap_or(0))
-                .collect();
-            for (state, count) in JobState::ALL.iter().zip(&counts) {
-                *per_state.entry(state.as_str()).or_default() += count;
-            }
-            let total = counts.iter().sum();
-            names.push((name.clone(), counts, total));
-        }
+    let mut by_name: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (name, state, count) in depth.iter() {
+        let slot = JobState::ALL.iter().position(|s| s == state).unwrap_or(0);
+        by_name
+            .entry(name.as_str())
+            .or_insert_with(|| vec![0; JobState::ALL.len()])[slot] += count;
+        *per_state.entry(state.as_str()).or_default() += count;
     }
+    let mut names: Vec<(String, Vec<u64>, u64)> = by_name
+        .into_iter()
+        .map(|(name, counts)| {
+            let total = counts.iter().sum();
+            (name.to_string(), counts, total)
+        })
+        .collect();
     names.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
     let names_cut = names.len() > NAMES_SHOWN;
     names.truncate(NAMES_SHOWN);
@@ -313,6 +317,7 @@ pub async fn overview(
         "throughput_chart": throughput,
         "wait_chart": waits,
         "supervisors_online": online,
+        "counted": counted.to_string().get(11..19).unwrap_or_default(),
     });
     let page = Page {
         template: "overview",
@@ -784,7 +789,7 @@ pub async fn stats(
         Ok(window) => window,
         Err(message) => return ui.refuse(&session, message, "/ui/stats"),
     };
-    let stats = match ui.queue.stats(pattern, period, window).await {
+    let stats = match ui.queue.stats_without_depth(pattern, period, window).await {
         Ok(stats) => stats,
         Err(e) => return ui.fail(&session, e, "/ui/stats"),
     };
