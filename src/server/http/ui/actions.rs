@@ -53,18 +53,18 @@ fn check_csrf(
     ui: &Ui,
     session: &Session,
     fields: &HashMap<String, String>,
-) -> Result<(), Response> {
+) -> Result<(), Box<Response>> {
     let given = fields.get("csrf").map_or("", String::as_str);
     if session.csrf_matches(&ui.token, given) {
         Ok(())
     } else {
-        Err(ui.templates.error(
+        Err(Box::new(ui.templates.error(
             StatusCode::FORBIDDEN,
             "this form's CSRF token is missing or stale (the page is older than your session); \
              reload the page and try again",
             "/ui",
             &session.csrf(&ui.token),
-        ))
+        )))
     }
 }
 
@@ -80,13 +80,10 @@ pub async fn login(State(ui): State<Ui>, request: Request) -> Response {
     };
     let given = fields.get("token").map_or("", |t| t.trim());
     if !ui.token.matches(given) {
-        let mut response = ui
-            .templates
-            .login(Some(
-                "That is not this server's token. It is the text in the file `token` beside \
+        let mut response = ui.templates.login(Some(
+            "That is not this server's token. It is the text in the file `token` beside \
                  the server's database (or its --token).",
-            ))
-            .map_or_else(|r| r, IntoResponse::into_response);
+        ));
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         return response;
     }
@@ -115,7 +112,7 @@ pub async fn logout(
         Err(response) => return response,
     };
     if let Err(response) = check_csrf(&ui, &session, &fields) {
-        return response;
+        return *response;
     }
     (
         StatusCode::SEE_OTHER,
@@ -140,7 +137,7 @@ pub async fn job_action(
         Err(response) => return response,
     };
     if let Err(response) = check_csrf(&ui, &session, &fields) {
-        return response;
+        return *response;
     }
     let id = match parse_job_id("jobID", &id) {
         Ok(id) => id,
@@ -246,7 +243,7 @@ pub async fn group_action(
         Err(response) => return response,
     };
     if let Err(response) = check_csrf(&ui, &session, &fields) {
-        return response;
+        return *response;
     }
     if !valid_group(&group) {
         return ui.refuse(

@@ -85,10 +85,7 @@ fn now_secs() -> i64 {
 /// the handler as an extension); answers others 401 with the login form.
 async fn require_session(State(ui): State<Ui>, mut request: Request, next: Next) -> Response {
     let Some(session) = Session::from_headers(&ui.token, request.headers(), now_secs()) else {
-        let mut response = ui
-            .templates
-            .login(None)
-            .map_or_else(IntoResponse::into_response, IntoResponse::into_response);
+        let mut response = ui.templates.login(None);
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         return response;
     };

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -97,9 +97,7 @@ fn own_url(uri: &Uri) -> String {
 
 /// `GET /ui/login`: the login form (a valid session goes to the overview).
 pub async fn login(State(ui): State<Ui>) -> Response {
-    ui.templates
-        .login(None)
-        .map_or_else(|r| r, IntoResponse::into_response)
+    ui.templates.login(None)
 }
 
 /// A number of seconds for people: `350 ms`, `4.2 s`, `3.5 min`, `2.0 h`.

@@ -123,11 +123,11 @@ impl Templates {
     }
 
     /// The login form, with why the last try failed.
-    pub fn login(&self, error: Option<&str>) -> Result<Html<String>, Response> {
+    pub fn login(&self, error: Option<&str>) -> Response {
         let mut context = Map::new();
         context.insert("title".into(), json!("Log in"));
         context.insert("error".into(), json!(error));
-        self.render_html("login.html", with_frame(context))
+        self.render("login.html", with_frame(context))
     }
 
     /// An error page: what went wrong and what to do, and a link back.
@@ -143,21 +143,12 @@ impl Templates {
     }
 
     fn render(&self, name: &str, context: Map<String, Value>) -> Response {
-        self.render_html(name, context)
-            .map_or_else(|r| r, IntoResponse::into_response)
-    }
-
-    fn render_html(
-        &self,
-        name: &str,
-        context: Map<String, Value>,
-    ) -> Result<Html<String>, Response> {
         let context = minijinja::Value::from_serialize(Value::Object(context));
         self.env
             .get_template(name)
             .and_then(|t| t.render(context))
-            .map(Html)
-            .map_err(|e| {
+            .map(|html| Html(html).into_response())
+            .unwrap_or_else(|e| {
                 tracing::error!(template = name, "dashboard template failed: {e:#}");
                 (
                     StatusCode::INTERNAL_SERVER_ERROR,
