@@ -466,7 +466,7 @@ fn stream_heading(stream: &str, kept: &str, total: Option<u64>, shown_lines: usi
     };
     match total {
         Some(total) if total > kept.len() as u64 => format!(
-            "{stream} ({} in all, cut: the server kept the last {}{shown}):",
+            "{stream} ({} in all, cut: the server kept its head and tail, {}{shown}):",
             size(total),
             size(kept.len() as u64)
         ),

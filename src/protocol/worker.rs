@@ -70,7 +70,7 @@ impl WorkerInfo {
 }
 
 /// The most output of one stream a run report carries, in bytes; the
-/// server keeps the last 4 KiB.
+/// server keeps its head and tail within 4 KiB.
 pub const MAX_RUN_OUTPUT: usize = 64 * 1024;
 
 /// What a supervisor saw of one run of a job, sent with its report so that

@@ -518,10 +518,11 @@ pub(super) fn fitted(data: &Data, mut details: Value) -> Option<Data> {
     None
 }
 
-/// What the server's history keeps of a run: how it ended and the last
-/// 4 KiB of each stream (the server keeps no more).
+/// What the server's history keeps of a run: how it ended and the head
+/// and tail of each stream within 4 KiB (the server keeps no more).
 pub fn run_facts(finished: &Finished) -> RunFacts {
-    let tail = |text: &str| crate::server::ledger::failure::tail(text, 4096);
+    use crate::server::ledger::failure::{OUTPUT_KEPT_BYTES, head_and_tail};
+    let kept = |text: &str| head_and_tail(text, OUTPUT_KEPT_BYTES);
     let (exit_code, signal) = match finished.ending {
         Ending::Exited(code) => (Some(code), None),
         Ending::Signaled(signal) => (None, Some(signal_name(signal))),
@@ -549,8 +550,8 @@ pub fn run_facts(finished: &Finished) -> RunFacts {
     RunFacts {
         exit_code,
         signal,
-        stdout: Some(tail(&finished.stdout.text)),
-        stderr: Some(tail(&finished.stderr.text)),
+        stdout: Some(kept(&finished.stdout.text)),
+        stderr: Some(kept(&finished.stderr.text)),
         stdout_bytes: Some(finished.stdout.total),
         stderr_bytes: Some(finished.stderr.total),
     }

@@ -63,4 +63,5 @@ mod tags;
 mod throttles;
 mod tls;
 mod ui;
+mod ui_output;
 mod wake_ups;

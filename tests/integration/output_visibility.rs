@@ -48,7 +48,7 @@ fn a_large_output_is_shown_with_its_sizes_and_said_to_be_cut() {
 
     let text = history(&server, id, "text");
     assert!(
-        text.contains("stdout (9.5 MiB in all, cut: the server kept the last 4.0 KiB"),
+        text.contains("stdout (9.5 MiB in all, cut: the server kept its head and tail, 4.0 KiB"),
         "{text}"
     );
     assert!(text.contains("stderr (12 bytes):"), "{text}");

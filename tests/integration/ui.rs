@@ -25,7 +25,7 @@ fn client() -> Client {
 }
 
 /// Logs in with the form; the session cookie (`name=value`).
-fn log_in(base: &str, token: &str) -> Response {
+pub(crate) fn log_in(base: &str, token: &str) -> Response {
     client()
         .post(format!("{base}/ui/login"))
         .form(&[("token", token)])
@@ -33,7 +33,7 @@ fn log_in(base: &str, token: &str) -> Response {
         .expect("POST /ui/login")
 }
 
-fn cookie_of(response: &Response) -> String {
+pub(crate) fn cookie_of(response: &Response) -> String {
     let set = response
         .headers()
         .get(reqwest::header::SET_COOKIE)
@@ -49,7 +49,7 @@ fn csrf_in(page: &str) -> String {
     page[start..start + 64].to_string()
 }
 
-fn get(base: &str, path: &str, cookie: Option<&str>) -> (u16, String) {
+pub(crate) fn get(base: &str, path: &str, cookie: Option<&str>) -> (u16, String) {
     let mut request = client().get(format!("{base}{path}"));
     if let Some(cookie) = cookie {
         request = request.header(reqwest::header::COOKIE, cookie);

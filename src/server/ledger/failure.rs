@@ -16,8 +16,9 @@ use crate::protocol::{Data, RunFacts};
 /// The data key holding a run's details (the supervisor's `DETAILS_KEY`).
 pub const DETAILS_KEY: &str = "_jobmgr";
 
-/// The most output kept per stream and attempt, in bytes.
-pub const OUTPUT_TAIL_BYTES: usize = 4096;
+/// The most output kept per stream and attempt, in bytes: the first and
+/// the last half of it when there was more (see [`head_and_tail`]).
+pub const OUTPUT_KEPT_BYTES: usize = 4096;
 
 /// The group of a job the server failed because its lease lapsed too often.
 pub const LEASE_LOST: &str = "lease_lost";
@@ -49,7 +50,7 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
         details
             .and_then(|d| d.get(key))
             .and_then(Value::as_str)
-            .map(|s| tail(s, OUTPUT_TAIL_BYTES))
+            .map(|s| head_and_tail(s, OUTPUT_KEPT_BYTES))
     };
     let exit_code = run.and_then(|r| r.exit_code.map(i64::from)).or_else(|| {
         details
@@ -61,7 +62,7 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
         .or_else(|| detail("signal"));
     let output = |stream: &str, given: Option<&String>| {
         given
-            .map(|s| tail(s, OUTPUT_TAIL_BYTES))
+            .map(|s| head_and_tail(s, OUTPUT_KEPT_BYTES))
             .or_else(|| detail(stream))
     };
     // The sizes the supervisor puts in its details (`outputBytes`).
@@ -87,12 +88,12 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
         failure,
         exit_code,
         signal,
-        stdout_bytes: at_least_tail(
+        stdout_bytes: at_least_kept(
             run.and_then(|r| r.stdout_bytes)
                 .or_else(|| output_bytes("stdout")),
             &stdout,
         ),
-        stderr_bytes: at_least_tail(
+        stderr_bytes: at_least_kept(
             run.and_then(|r| r.stderr_bytes)
                 .or_else(|| output_bytes("stderr")),
             &stderr,
@@ -102,10 +103,10 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
     }
 }
 
-/// A reported size, raised to the length of the tail kept (a report that
-/// claims less output than it carries is taken at what it carries).
-fn at_least_tail(reported: Option<u64>, tail: &Option<String>) -> Option<u64> {
-    let kept = tail.as_ref().map_or(0, |t| t.len() as u64);
+/// A reported size, raised to the length of the output kept (a report
+/// that claims less output than it carries is taken at what it carries).
+fn at_least_kept(reported: Option<u64>, kept: &Option<String>) -> Option<u64> {
+    let kept = kept.as_ref().map_or(0, |t| t.len() as u64);
     reported.map(|n| n.max(kept))
 }
 
@@ -183,8 +184,40 @@ fn invisible(c: char) -> bool {
     matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
 }
 
+/// `text` if it is at most `max` bytes, else its first and last bytes
+/// with a marker between them saying how many were dropped
+/// (`[… N bytes of output dropped …]`, as the supervisor writes it): about
+/// half of what is left of `max` after the marker from the start, the rest
+/// from the end, both cut on character boundaries. The result is never
+/// longer than `max` bytes; with no room for the marker it is the tail.
+pub fn head_and_tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    // The marker with the most digits it can need; the count it carries
+    // in the end is no longer, so the whole fits.
+    let marker = |dropped: usize| format!("\n[… {dropped} bytes of output dropped …]\n");
+    let Some(budget) = max.checked_sub(marker(text.len()).len()) else {
+        return tail(text, max);
+    };
+    let mut head = budget / 2;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut start = text.len() - (budget - budget / 2);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!(
+        "{}{}{}",
+        &text[..head],
+        marker(start - head),
+        &text[start..]
+    )
+}
+
 /// The last `max` bytes of `text`, starting on a character boundary.
-pub fn tail(text: &str, max: usize) -> String {
+fn tail(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
     }
@@ -317,7 +350,7 @@ mod tests {
     }
 
     #[test]
-    fn output_tails_are_bounded_and_whole_characters() {
+    fn output_keeps_its_head_and_tail_bounded_and_whole_characters() {
         let long = format!("{}é{}", "a".repeat(10_000), "b".repeat(4094));
         let end = reported_end(
             "retried",
@@ -327,11 +360,50 @@ mod tests {
             None,
         );
         let stdout = end.stdout.unwrap();
-        assert!(stdout.len() <= OUTPUT_TAIL_BYTES);
-        assert!(stdout.ends_with('b'));
+        assert!(stdout.len() <= OUTPUT_KEPT_BYTES);
+        assert!(stdout.len() > OUTPUT_KEPT_BYTES - 8, "the budget is used");
+        assert!(stdout.starts_with("aaa"), "the head is kept");
+        assert!(stdout.ends_with("bbb"), "the tail is kept");
+        let (head, rest) = stdout.split_once("\n[… ").unwrap();
+        let (count, tail) = rest.split_once(" bytes of output dropped …]\n").unwrap();
+        assert_eq!(
+            head.len() + count.parse::<usize>().unwrap() + tail.len(),
+            long.len(),
+            "the marker counts exactly what was dropped"
+        );
+        assert!(
+            head.len().abs_diff(tail.len()) <= 1,
+            "{} {}",
+            head.len(),
+            tail.len()
+        );
         assert_eq!(end.stderr.as_deref(), Some("oops"));
         assert_eq!(end.exit_code, Some(1));
-        assert_eq!(tail("héllo", 4), "llo");
+    }
+
+    #[test]
+    fn head_and_tail_cut_on_character_boundaries() {
+        assert_eq!(head_and_tail("héllo", 4), "llo", "no room for a marker");
+        for len in [1, 2, 3, 1000, 4097, 10_000] {
+            let text = "é€😀".repeat(len);
+            for max in [0, 3, 10, 40, 64, 100, 4096] {
+                let kept = head_and_tail(&text, max);
+                assert!(kept.len() <= max || text.len() <= max, "{len} {max}");
+                if text.len() <= max {
+                    assert_eq!(kept, text);
+                }
+            }
+        }
+        let text = "x".repeat(100);
+        assert_eq!(head_and_tail(&text, 100), text);
+        assert_eq!(
+            head_and_tail(&text, 10),
+            "x".repeat(10),
+            "no room for a marker"
+        );
+        let kept = head_and_tail(&format!("{}{}", "a".repeat(50), "b".repeat(50)), 60);
+        assert!(kept.starts_with('a') && kept.ends_with('b'), "{kept}");
+        assert!(kept.contains("bytes of output dropped"), "{kept}");
     }
 
     #[test]

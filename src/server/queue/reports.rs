@@ -481,6 +481,25 @@ impl Queue {
         .await
     }
 
+    /// The FAILED job of a group that failed last, with its latest
+    /// attempt, if the group has any.
+    pub async fn latest_failed(
+        &self,
+        group: String,
+    ) -> Result<Option<(Job, Option<Attempt>)>, JobError> {
+        self.read(move |tx| {
+            let Some(id) = tx.ledger().latest_failed_in_group(&group)? else {
+                return Ok(None);
+            };
+            let Some(job) = tx.get(id)? else {
+                return Ok(None);
+            };
+            let (mut latest, _) = tx.ledger().attempts(id, 0, 1)?;
+            Ok(Some((job, latest.pop())))
+        })
+        .await
+    }
+
     /// Queues again up to `count` jobs of a failure group; their ids.
     pub async fn retry_failed(&self, group: String, count: usize) -> Result<Vec<JobId>, JobError> {
         self.write(move |tx| rules::retry_failed(tx, &group, count))

@@ -86,6 +86,9 @@ pub trait LedgerTx {
     fn failure_groups(&mut self) -> Result<Vec<FailureGroup>, JobError>;
     /// Up to `limit` FAILED jobs of a group, earliest failure first.
     fn failed_in_group(&mut self, group: &str, limit: usize) -> Result<Vec<JobId>, JobError>;
+    /// The FAILED job of a group that failed last (by the index on the
+    /// group and the time, walked backwards), if any.
+    fn latest_failed_in_group(&mut self, group: &str) -> Result<Option<JobId>, JobError>;
 
     /// Records what a supervisor says about itself.
     fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError>;

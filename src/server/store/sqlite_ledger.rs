@@ -501,6 +501,19 @@ impl LedgerTx for SqliteTx<'_> {
         rows.collect::<Result<_, _>>().map_err(store_error)
     }
 
+    fn latest_failed_in_group(&mut self, group: &str) -> Result<Option<JobId>, JobError> {
+        self.conn
+            .prepare_cached(
+                "SELECT f.job_id FROM failures f \
+                 JOIN jobs j ON j.job_id = f.job_id AND j.state = 'FAILED' \
+                 WHERE f.grp = ?1 ORDER BY f.at DESC, f.job_id DESC LIMIT 1",
+            )
+            .map_err(store_error)?
+            .query_row([group], |row| row.get(0))
+            .optional()
+            .map_err(store_error)
+    }
+
     fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError> {
         self.conn
             .prepare_cached(
@@ -811,6 +824,9 @@ impl LedgerTx for FailingTx {
         Err(self.0.clone())
     }
     fn failed_in_group(&mut self, _: &str, _: usize) -> Result<Vec<JobId>, JobError> {
+        Err(self.0.clone())
+    }
+    fn latest_failed_in_group(&mut self, _: &str) -> Result<Option<JobId>, JobError> {
         Err(self.0.clone())
     }
     fn see_worker(&mut self, _: &WorkerInfo, _: Timestamp) -> Result<(), JobError> {

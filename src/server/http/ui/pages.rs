@@ -17,6 +17,7 @@ use super::session::Session;
 use crate::protocol::view::query_json;
 use crate::protocol::{JobError, JobState, NamePattern, Priority, Timestamp, parse_job_id};
 use crate::server::http::listen::MAX_PAGE_BYTES;
+use crate::server::ledger::failure::{self, OUTPUT_KEPT_BYTES, head_and_tail};
 use crate::server::queue::reports::Period;
 use crate::server::store::ListQuery;
 
@@ -29,8 +30,6 @@ const NAMES_SHOWN: usize = 50;
 /// Failure groups shown at most, and jobs shown per group.
 const GROUPS_SHOWN: usize = 20;
 const JOBS_PER_GROUP: usize = 10;
-/// The most characters of output shown in one place.
-const TAIL_CHARS: usize = 4000;
 
 /// The query parameters the pages take (others are ignored).
 #[derive(Debug, Default, Deserialize)]
@@ -140,15 +139,22 @@ fn percent(value: Option<f64>) -> Value {
     }
 }
 
-/// The last `TAIL_CHARS` characters of `text`.
-fn tail(text: &str) -> String {
-    let count = text.chars().count();
-    if count <= TAIL_CHARS {
-        return text.to_string();
+/// Output as shown: what the server kept is already within
+/// [`OUTPUT_KEPT_BYTES`], its head and tail; anything longer is cut the
+/// same way.
+fn shown_output(text: &str) -> String {
+    head_and_tail(text, OUTPUT_KEPT_BYTES)
+}
+
+/// The heading of one stream of an attempt: its name, and when the server
+/// kept less than the stream carried, that it shows the head and tail.
+fn stream_label(stream: &str, kept: &str, total: Option<u64>) -> String {
+    match total {
+        Some(total) if total > kept.len() as u64 => {
+            format!("{stream}: head and tail of {total} bytes")
+        }
+        _ => stream.to_string(),
     }
-    let mut out = String::from("…");
-    out.extend(text.chars().skip(count - TAIL_CHARS));
-    out
 }
 
 /// A chart's label for a point's time (`YYYY-MM-DD HH:MM:SS`).
@@ -495,8 +501,14 @@ pub async fn job(
                 "ended": a.ended.map(|t| t.to_string()).unwrap_or_default(),
                 "outcome": outcome,
                 "exit": exit,
-                "stdout": end.and_then(|e| e.stdout.as_deref()).map(tail),
-                "stderr": end.and_then(|e| e.stderr.as_deref()).map(tail),
+                "stdout": end.and_then(|e| e.stdout.as_deref()).map(shown_output),
+                "stderr": end.and_then(|e| e.stderr.as_deref()).map(shown_output),
+                "stdout_label": end.map(|e| {
+                    stream_label("stdout", e.stdout.as_deref().unwrap_or(""), e.stdout_bytes)
+                }),
+                "stderr_label": end.map(|e| {
+                    stream_label("stderr", e.stderr.as_deref().unwrap_or(""), e.stderr_bytes)
+                }),
             })
         })
         .collect();
@@ -603,20 +615,26 @@ pub async fn failures(
             Ok(jobs) => jobs,
             Err(e) => return ui.fail(&session, e, "/ui"),
         };
-        // The output of the latest failure among those shown.
-        let (mut error, mut output) = (None, None);
-        if let Some((job, line)) = jobs.last() {
-            error = line.clone();
-            if let Ok(history) = ui.queue.history(job.id, 0, 1).await
-                && let Some(end) = history.attempts.last().and_then(|a| a.end.as_ref())
-            {
-                output = end
-                    .stderr
-                    .as_deref()
-                    .filter(|s| !s.is_empty())
-                    .or(end.stdout.as_deref())
-                    .map(tail);
-            }
+        // The error and output of the group's latest failure (whether or
+        // not it is among the first jobs shown).
+        let latest = match ui.queue.latest_failed(group.group.clone()).await {
+            Ok(latest) => latest,
+            Err(e) => return ui.fail(&session, e, "/ui"),
+        };
+        let (mut error, mut output, mut latest_id) = (None, None, None);
+        if let Some((job, attempt)) = latest {
+            error = failure::error_line(&job.data, attempt.as_ref());
+            latest_id = Some(job.id);
+            output = attempt
+                .as_ref()
+                .and_then(|a| a.end.as_ref())
+                .and_then(|end| {
+                    end.stderr
+                        .as_deref()
+                        .filter(|s| !s.is_empty())
+                        .or(end.stdout.as_deref())
+                })
+                .map(shown_output);
         }
         let jobs: Vec<Value> = jobs
             .iter()
@@ -628,6 +646,7 @@ pub async fn failures(
             "first": group.first.to_string(),
             "last": group.last.to_string(),
             "error": error,
+            "latest_id": latest_id,
             "tail": output,
             "jobs": jobs,
         }));

@@ -430,6 +430,18 @@ impl LedgerTx for PgTx<'_> {
         .collect()
     }
 
+    fn latest_failed_in_group(&mut self, group: &str) -> Result<Option<JobId>, JobError> {
+        self.query(
+            "SELECT f.job_id FROM failures f \
+             JOIN jobs j ON j.job_id = f.job_id AND j.state = 'FAILED' \
+             WHERE f.grp = $1 ORDER BY f.at DESC, f.job_id DESC LIMIT 1",
+            &[&group],
+        )?
+        .first()
+        .map(|row| col(row, 0, "failed job id"))
+        .transpose()
+    }
+
     fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError> {
         self.execute(
             "INSERT INTO workers (worker, host, pid, capacity, running, load, first_seen, last_seen) \
