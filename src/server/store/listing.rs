@@ -7,6 +7,14 @@
 //!   that prefix, with the GLOB itself checked on the rows in range;
 //! - a list of names is `IN (…)`;
 //! - a GLOB that starts with a wildcard (`*Email`) needs the scan.
+//!
+//! With a state, the state's part of the `jobs_state` index is read in id
+//! order instead, with the pattern checked on each job, until the page is
+//! full: for no pattern, a GLOB that starts with a wildcard, and a prefix
+//! that at least [`WIDE_PREFIX_JOBS`] jobs share (counted first on the name
+//! index, up to that many), which is then not sorted by id. A narrower
+//! prefix keeps its range of the name index, sorted: at most that many
+//! jobs, and a prefix no job has stays a probe.
 
 use rusqlite::types::Value;
 
@@ -16,8 +24,42 @@ use crate::protocol::NamePattern;
 /// The characters that make a GLOB more than a literal.
 pub(super) const WILDCARDS: [char; 3] = ['*', '?', '['];
 
-/// The SQL and parameters listing `query`, in id order.
-pub(super) fn list_sql(columns: &str, query: &ListQuery) -> (String, Vec<Value>) {
+/// How many jobs sharing a GLOB's literal prefix make it wide: a listing
+/// with a state then reads the state's index rather than sorting the
+/// prefix's range by id.
+pub(super) const WIDE_PREFIX_JOBS: i64 = 10_000;
+
+/// For a listing with a state and a GLOB with a literal prefix (and
+/// wildcards), the SQL and parameters counting the jobs in the prefix's
+/// range of the name index, up to [`WIDE_PREFIX_JOBS`].
+pub(super) fn prefix_count_sql(query: &ListQuery) -> Option<(String, Vec<Value>)> {
+    let Some(NamePattern::Glob(glob)) = &query.pattern else {
+        return None;
+    };
+    let prefix: &str = glob.split(WILDCARDS).next().unwrap_or_default();
+    if query.state.is_none() || query.tag.is_some() || prefix.is_empty() || prefix == glob {
+        return None;
+    }
+    let mut params = vec![Value::Text(prefix.to_string())];
+    let mut range = "name >= ?1".to_string();
+    if let Some(end) = after_prefix(prefix) {
+        params.push(Value::Text(end));
+        range.push_str(" AND name < ?2");
+    }
+    let sql = format!(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM jobs INDEXED BY jobs_name WHERE {range} \
+         LIMIT {WIDE_PREFIX_JOBS})"
+    );
+    Some((sql, params))
+}
+
+/// The SQL and parameters listing `query`, in id order; `wide_prefix` says
+/// whether its GLOB's prefix is wide (see [`prefix_count_sql`]).
+pub(super) fn list_sql(
+    columns: &str,
+    query: &ListQuery,
+    wide_prefix: bool,
+) -> (String, Vec<Value>) {
     let mut params: Vec<Value> = vec![
         Value::Integer(query.after_id.unwrap_or(0)),
         query
@@ -25,6 +67,15 @@ pub(super) fn list_sql(columns: &str, query: &ListQuery) -> (String, Vec<Value>)
             .map_or(Value::Null, |s| Value::Text(s.as_str().to_string())),
         Value::Integer(query.limit.max(1) as i64),
     ];
+    let by_state = query.state.is_some()
+        && match &query.pattern {
+            None => true,
+            Some(NamePattern::List(_)) => false,
+            Some(NamePattern::Glob(glob)) => {
+                let prefix = glob.split(WILDCARDS).next().unwrap_or_default();
+                glob.contains(WILDCARDS) && (prefix.is_empty() || wide_prefix)
+            }
+        };
     let (index, name) = match &query.pattern {
         None => ("", String::new()),
         Some(NamePattern::List(names)) => {
@@ -78,10 +129,17 @@ pub(super) fn list_sql(columns: &str, query: &ListQuery) -> (String, Vec<Value>)
                 format!("tag = ?{} AND ", params.len()),
             )
         }
+        None if by_state => ("jobs INDEXED BY jobs_state".to_string(), String::new()),
         None => (format!("jobs {index}"), String::new()),
     };
+    // `?2 IS NULL OR` would keep the state's index out of use.
+    let state = if query.state.is_some() {
+        "state = ?2"
+    } else {
+        "?2 IS NULL"
+    };
     let sql = format!(
-        "SELECT {columns} FROM {from} WHERE {tag}{name}job_id > ?1 AND (?2 IS NULL OR state = ?2) \
+        "SELECT {columns} FROM {from} WHERE {tag}{name}job_id > ?1 AND {state} \
          ORDER BY job_id LIMIT ?3"
     );
     (sql, params)
@@ -112,7 +170,7 @@ mod tests {
     use rusqlite::Connection;
 
     fn plan(conn: &Connection, query: &ListQuery) -> String {
-        let (sql, params) = list_sql("job_id", query);
+        let (sql, params) = list_sql("job_id", query, true);
         let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
         let rows = statement
             .query_map(rusqlite::params_from_iter(params), |row| {
@@ -155,6 +213,52 @@ mod tests {
             );
             assert!(!plan.contains("SCAN jobs"), "{query:?}: {plan}");
         }
+    }
+
+    #[test]
+    fn a_listing_by_state_reads_the_states_index_in_id_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        for pattern in [
+            None,
+            Some(NamePattern::Glob("bench/name-0*".into())),
+            Some(NamePattern::Glob("*Email".into())),
+        ] {
+            let query = ListQuery {
+                pattern,
+                state: Some(JobState::Running),
+                limit: 100,
+                ..ListQuery::default()
+            };
+            let plan = plan(&conn, &query);
+            assert!(
+                plan.contains("INDEX jobs_state (state=? AND job_id>?)"),
+                "{query:?}: {plan}"
+            );
+            assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
+            assert!(!plan.contains("SCAN"), "{plan}");
+        }
+        // An exact name still reads the name's index, and so does a prefix
+        // few jobs share.
+        let mut exact = glob("SendEmail");
+        exact.state = Some(JobState::Running);
+        assert!(plan(&conn, &exact).contains("INDEX jobs_name"));
+        let mut narrow = glob("Send*");
+        narrow.state = Some(JobState::Running);
+        let (sql, params) = list_sql("job_id", &narrow, false);
+        let explained: String = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(rusqlite::params_from_iter(params), |row| {
+                row.get::<_, String>(3)
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>()
+            .join("; ");
+        assert!(explained.contains("INDEX jobs_name"), "{explained}");
     }
 
     #[test]

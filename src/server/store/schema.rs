@@ -205,6 +205,9 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job_id, depends_on)
     ) WITHOUT ROWID;
     CREATE INDEX job_dependencies_on ON job_dependencies (depends_on, job_id);",
+    // 10: listing the jobs in a state in id order (with a name pattern
+    // checked on each), without reading the whole table.
+    "CREATE INDEX jobs_state ON jobs (state, job_id);",
 ];
 
 /// The schema version this build writes.

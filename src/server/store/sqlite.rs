@@ -736,7 +736,20 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn list(&mut self, query: &ListQuery) -> Result<super::Page, JobError> {
-        let (sql, params) = super::listing::list_sql(COLUMNS, query);
+        // With a state, whether the GLOB's prefix is shared by many jobs.
+        let wide_prefix = match super::listing::prefix_count_sql(query) {
+            Some((sql, params)) => {
+                let count: i64 = self
+                    .conn
+                    .prepare_cached(&sql)
+                    .map_err(store_error)?
+                    .query_row(rusqlite::params_from_iter(params), |row| row.get(0))
+                    .map_err(store_error)?;
+                count >= super::listing::WIDE_PREFIX_JOBS
+            }
+            None => false,
+        };
+        let (sql, params) = super::listing::list_sql(COLUMNS, query, wide_prefix);
         let mut statement = self.conn.prepare_cached(&sql).map_err(store_error)?;
         let mut rows = statement
             .query(rusqlite::params_from_iter(params))

@@ -192,6 +192,8 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job_id, depends_on)
     );
     CREATE INDEX job_dependencies_on ON job_dependencies (depends_on, job_id);"#,
+    // 5: listing the jobs in a state in id order, as SQLite's schema 10.
+    r#"CREATE INDEX jobs_state ON jobs (state, job_id);"#,
 ];
 
 /// The schema version this build writes.
