@@ -63,5 +63,6 @@ mod tags;
 mod throttles;
 mod tls;
 mod ui;
+mod ui_last_hour;
 mod ui_output;
 mod wake_ups;

@@ -205,6 +205,7 @@ mod tests {
             at: Timestamp(0),
             attempt: 0,
             detail: serde_json::Map::new(),
+            waited_ms: None,
         }
     }
 

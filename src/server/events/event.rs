@@ -94,6 +94,9 @@ pub struct JobEvent {
     pub attempt: i64,
     /// Further fields: the holder of a hand-out, a report's exit code, …
     pub detail: Map<String, Value>,
+    /// How long a handed-out job waited from when it was due, in
+    /// milliseconds (for the last hour's counts; not sent on streams).
+    pub waited_ms: Option<i64>,
 }
 
 impl JobEvent {
@@ -107,6 +110,7 @@ impl JobEvent {
             at,
             attempt: job.attempts,
             detail: Map::new(),
+            waited_ms: None,
         }
     }
 

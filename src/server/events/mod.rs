@@ -7,7 +7,9 @@
 mod bus;
 mod event;
 mod filter;
+mod minutes;
 
 pub use bus::{Bus, EventId, RING_EVENTS, Read};
 pub use event::{EventKind, JobEvent, Published};
 pub use filter::{Filter, TrackedJobs};
+pub use minutes::{MINUTES, Minute, Minutes};

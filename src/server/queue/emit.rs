@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::tracked::Tracked;
-use crate::protocol::{Job, JobState, RunFacts, WorkerInfo};
+use crate::protocol::{Job, JobState, RunFacts, Timestamp, WorkerInfo};
 use crate::server::events::{EventKind, JobEvent};
 
 /// A job was created (`job` as inserted, `id` its new id).
@@ -21,10 +21,13 @@ pub fn created(tx: &mut Tracked, job: &Job, id: i64) {
     tx.emit(event);
 }
 
-/// A job was handed out, to `worker` when the taker said who it is.
-pub fn handed_out(tx: &mut Tracked, job: &Job, worker: Option<&WorkerInfo>) {
+/// A job was handed out, to `worker` when the taker said who it is; it
+/// was due at `due`.
+pub fn handed_out(tx: &mut Tracked, job: &Job, due: Timestamp, worker: Option<&WorkerInfo>) {
     let expires = job.lease.as_ref().and_then(|l| l.expires);
-    let event = JobEvent::of(EventKind::HandedOut, job, tx.now)
+    let mut event = JobEvent::of(EventKind::HandedOut, job, tx.now);
+    event.waited_ms = Some((tx.now.0 - due.0).max(0));
+    let event = event
         .with("holder", json!(worker.map(|w| w.id.as_str())))
         .with("leaseExpires", json!(expires.map(|e| e.to_string())));
     tx.emit(event);

@@ -30,7 +30,7 @@ use crate::protocol::{
     CreateJob, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, RequeueJobs, RetryJob,
     Timestamp, UpdateJob,
 };
-use crate::server::events::Bus;
+use crate::server::events::{Bus, Minute, Minutes};
 use crate::server::ledger::Retention;
 use crate::server::ledger::retention::millis;
 use crate::server::store::{Announcement, ListQuery, Store};
@@ -89,6 +89,8 @@ struct Inner {
     tasks: TaskTracker,
     /// Where committed job state changes are published.
     events: Arc<Bus>,
+    /// The last hour's published events counted by minute.
+    minutes: Arc<Minutes>,
     /// The tracked jobs' ids, for the event stream's `tracked` filter.
     tracked: Arc<labels::TrackedSet>,
     /// Set once leases held before a restart were extended.
@@ -199,6 +201,7 @@ impl Queue {
                 steps: Arc::new(Mutex::new(clock::StepWatch::new())),
                 shutdown: CancellationToken::new(),
                 events: Arc::new(Bus::default()),
+                minutes: Arc::default(),
                 tracked: Arc::default(),
                 recovered: tokio::sync::watch::Sender::new(false),
                 tasks: TaskTracker::new(),
@@ -251,6 +254,12 @@ impl Queue {
         &self.inner.events
     }
 
+    /// The last hour by minute (oldest first), as counted from the events
+    /// this server published since it started.
+    pub fn last_hour(&self) -> Vec<Minute> {
+        self.inner.minutes.last_hour(self.now())
+    }
+
     /// Stops the scheduler, answers every held request (with nothing) and
     /// ends event streams.
     pub fn shutdown(&self) {
@@ -282,6 +291,7 @@ impl Queue {
         let gone_after = millis(self.inner.config.retention.worker_gone_after);
         let shared = self.inner.store.shared();
         let bus = Arc::clone(&self.inner.events);
+        let minutes = Arc::clone(&self.inner.minutes);
         let (result, changes, _, stepped, _) = self
             .inner
             .store
@@ -313,6 +323,7 @@ impl Queue {
                     if committed {
                         let events =
                             std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
+                        minutes.record(&events);
                         bus.publish(events);
                     }
                 },

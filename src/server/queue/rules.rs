@@ -266,7 +266,7 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
     }
     tx.update(&job)?;
     record::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref())?;
-    emit::handed_out(tx, &job, cmd.worker.as_ref());
+    emit::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref());
     let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
     let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
     Ok(Some(HandOut {

@@ -16,6 +16,7 @@ use super::render::Page;
 use super::session::Session;
 use crate::protocol::view::query_json;
 use crate::protocol::{JobError, JobState, NamePattern, Priority, Timestamp, parse_job_id};
+use crate::server::events::Minute;
 use crate::server::http::listen::MAX_PAGE_BYTES;
 use crate::server::ledger::failure::{self, OUTPUT_KEPT_BYTES, head_and_tail};
 use crate::server::queue::reports::Period;
@@ -223,6 +224,31 @@ fn dataset(name: &str, data: Value) -> Value {
     json!({"label": name, "data": data})
 }
 
+/// The last hour's charts by minute (throughput and failures, mean wait),
+/// from the counts this server keeps in memory.
+fn last_hour_charts(minutes: &[Minute]) -> (Value, Value) {
+    let labels: Vec<String> = minutes
+        .iter()
+        .map(|m| Timestamp(m.minute * 60_000).to_string())
+        .map(|t| t.get(11..16).unwrap_or(&t).to_string())
+        .collect();
+    let counts = |count: fn(&Minute) -> u64| json!(minutes.iter().map(count).collect::<Vec<_>>());
+    let throughput = chart(
+        "line",
+        labels.clone(),
+        vec![
+            dataset("finished", counts(|m| m.finished)),
+            dataset("failed", counts(|m| m.failed)),
+        ],
+    );
+    let waits: Vec<Option<f64>> = minutes
+        .iter()
+        .map(|m| m.mean_wait_secs().map(|s| (s * 1000.0).round() / 1000.0))
+        .collect();
+    let wait = chart("line", labels, vec![dataset("mean wait (s)", json!(waits))]);
+    (throughput, wait)
+}
+
 /// `GET /ui`: counts per state and name, this hour's figures, the last
 /// day's charts, supervisors online.
 pub async fn overview(
@@ -311,6 +337,7 @@ pub async fn overview(
             dataset("mean run (s)", seconds(&summed.run)),
         ],
     );
+    let (minute_throughput, minute_wait) = last_hour_charts(&queue.last_hour());
     let online = workers.iter().filter(|w| !w.gone).count();
     let data = json!({
         "states": states,
@@ -320,6 +347,8 @@ pub async fn overview(
         "hour": hour,
         "throughput_chart": throughput,
         "wait_chart": waits,
+        "minute_throughput_chart": minute_throughput,
+        "minute_wait_chart": minute_wait,
         "supervisors_online": online,
         "counted": counted.to_string().get(11..19).unwrap_or_default(),
     });
