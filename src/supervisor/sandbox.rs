@@ -448,6 +448,15 @@ impl JobSandbox {
     pub fn oom_killed(&self) -> bool {
         self.cgroup.as_deref().is_some_and(JobCgroup::oom_killed)
     }
+
+    /// Kills what is left in the job's cgroups and removes them (blocking).
+    /// True when the job had cgroups and they were seen empty: then no
+    /// process of the job is left anywhere, since a job's processes cannot
+    /// leave its cgroups (moving a process needs write access to the
+    /// root-owned `cgroup.procs` of another cgroup).
+    pub fn end(self) -> bool {
+        self.cgroup.as_deref().is_some_and(JobCgroup::emptied)
+    }
 }
 
 fn rlimit_list(limits: &Rlimits) -> Vec<(libc::__rlimit_resource_t, u64)> {
