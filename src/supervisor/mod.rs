@@ -22,6 +22,7 @@ pub mod sandbox;
 pub mod schedule;
 pub mod scratch;
 pub mod settings;
+pub mod spawner;
 pub mod spool;
 pub mod status;
 pub mod uids;
