@@ -280,9 +280,14 @@ impl Drop for Browser {
                 tokio::time::timeout(Duration::from_secs(10), client.close()).await
             });
         }
-        // chromedriver and what it started: its own process group.
-        let group = nix::unistd::Pid::from_raw(self.driver.id() as i32);
-        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.driver.wait();
+        // chromedriver and what it started: its own process group, led by
+        // the child this fixture holds and has not reaped.
+        super::process::kill_group(&self.driver);
+        if super::process::wait_child(&mut self.driver, DEADLINE).is_none() {
+            eprintln!(
+                "chromedriver (pid {}) was not reaped {DEADLINE:?} after SIGKILL",
+                self.driver.id()
+            );
+        }
     }
 }

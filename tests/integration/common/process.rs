@@ -106,9 +106,10 @@ pub fn kill_and_reap(child: &mut Child, what: &str) -> Option<ExitStatus> {
     status
 }
 
-/// SIGKILLs the process group a [`RunBounded`] child leads. Only for a
-/// child that is not reaped yet.
-fn kill_group(child: &Child) {
+/// SIGKILLs the process group a child leads (a [`RunBounded`] one, or a
+/// fixture started in a group of its own). Only for a child that is not
+/// reaped yet.
+pub fn kill_group(child: &Child) {
     let group = nix::unistd::Pid::from_raw(child.id() as i32);
     let _ = nix::sys::signal::killpg(group, nix::sys::signal::SIGKILL);
 }
