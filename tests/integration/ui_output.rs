@@ -97,3 +97,45 @@ fn a_failure_groups_latest_output_is_its_latest_failures() {
         "the latest failure is named: {page}"
     );
 }
+
+/// Thousands of job names (a name per user, as BWM's `Name?query` names
+/// make): the overview sums their statistics without a series per name,
+/// and the statistics page lists the busiest 50 and says how many there
+/// are, instead of building a chart series for each.
+#[test]
+fn many_names_are_summed_and_the_statistics_page_lists_the_busiest() {
+    let server = Server::start();
+    let api = server.api();
+    let base = server.url.as_str();
+    let names = 3000;
+    let jobs: Vec<Value> = (0..names)
+        .map(|n| json!({"name": format!("Send?user={n}")}))
+        .chain((0..5).map(|_| json!({"name": "Busiest"})))
+        .collect();
+    let (status, answer) = api.post("/jobs/batch", json!({"jobs": jobs}));
+    assert_eq!(status, 200, "{answer}");
+
+    let cookie = cookie_of(&log_in(base, token()));
+    let (status, overview) = get(base, "/ui?live=1", Some(&cookie));
+    assert_eq!(status, 200, "{overview}");
+    assert!(
+        overview.contains(&format!("<span class=\"n\">{}</span> added", names + 5)),
+        "the overview sums every name's jobs added this hour: {overview}"
+    );
+
+    let (status, stats) = get(base, "/ui/stats?live=1", Some(&cookie));
+    assert_eq!(status, 200, "{stats}");
+    assert!(
+        stats.contains(&format!("The 50 busiest of {} names", names + 1)),
+        "{stats}"
+    );
+    let per_name = &stats[stats.find("id=\"names-h\"").expect("the per-name table")..];
+    assert_eq!(
+        per_name.matches("<tr><th scope=\"row\">").count(),
+        50,
+        "{per_name}"
+    );
+    let first = per_name.find("Busiest").expect("the busiest name listed");
+    let other = per_name.find("Send?user=").expect("other names listed");
+    assert!(first < other, "busiest first: {stats}");
+}

@@ -165,14 +165,7 @@ pub struct StatsRow {
 impl StatsRow {
     /// Adds another row's figures (for longer periods, or several names).
     pub fn merge(&mut self, other: &StatsRow) {
-        self.added += other.added;
-        self.started += other.started;
-        self.finished += other.finished;
-        self.failed += other.failed;
-        self.retried += other.retried;
-        self.wait.merge(&other.wait);
-        self.run.merge(&other.run);
-        self.service.merge(&other.service);
+        self.merge_figures(other);
         for (mine, theirs) in [
             (&mut self.wait_histogram, &other.wait_histogram),
             (&mut self.run_histogram, &other.run_histogram),
@@ -181,6 +174,18 @@ impl StatsRow {
                 mine.get_or_insert_default().merge(theirs);
             }
         }
+    }
+
+    /// Adds another row's counts and summaries, not its histograms.
+    pub fn merge_figures(&mut self, other: &StatsRow) {
+        self.added += other.added;
+        self.started += other.started;
+        self.finished += other.finished;
+        self.failed += other.failed;
+        self.retried += other.retried;
+        self.wait.merge(&other.wait);
+        self.run.merge(&other.run);
+        self.service.merge(&other.service);
     }
 
     /// The row as one point of a chart series.

@@ -37,7 +37,7 @@ use crate::server::store::{Announcement, ListQuery, Store};
 
 pub use clock::{Clock, FileClock, SystemClock};
 pub use dependencies::DependencyView;
-pub use reports::{History, WorkerView};
+pub use reports::{History, StatsDigest, WorkerView};
 pub use rules::{MAX_RETRY_AFTER_HANDOUTS, new_token};
 pub use tracked::{Changes, Tracked};
 pub use waiters::{DueJob, Owed, Ticket, Waiters};

@@ -137,6 +137,24 @@ impl History {
     }
 }
 
+/// Statistics of a window for a page (see [`Queue::stats_digest`]).
+#[derive(Debug, Clone)]
+pub struct StatsDigest {
+    /// The window's start.
+    pub from: Timestamp,
+    /// The window's end.
+    pub to: Timestamp,
+    /// A point for every period, summed over the names (histograms too).
+    pub points: Vec<StatsRow>,
+    /// The sum over the window and the names (histograms too).
+    pub total: StatsRow,
+    /// The busiest names, each with its sums over the window (no
+    /// histograms), busiest first.
+    pub names: Vec<StatsRow>,
+    /// How many names had statistics in the window.
+    pub name_count: usize,
+}
+
 /// A supervisor as the registry shows it.
 #[derive(Debug, Clone)]
 pub struct WorkerView {
@@ -205,19 +223,62 @@ impl Queue {
         period: Period,
         window: (Timestamp, Timestamp),
     ) -> Result<Value, JobError> {
-        self.stats_of(pattern, period, window, true).await
+        self.stats_of(pattern, period, window).await
     }
 
-    /// As [`Queue::stats`], without the queue's depth (which counts every
-    /// job: most of the time a statistics answer takes with a million jobs
-    /// stored); `queue` is empty.
-    pub async fn stats_without_depth(
+    /// Statistics over `[from, to)` (a window from [`Period::window`]) for
+    /// a page: summed over the names `pattern` matches, a point for every
+    /// period, and per name its sums over the window, the `max_names`
+    /// busiest only. Unlike [`Queue::stats`] it builds no series per name
+    /// and never counts the queue, so its cost follows the rows stored, not
+    /// names × periods: a million names cost a pass over their rows.
+    pub async fn stats_digest(
         &self,
         pattern: Option<NamePattern>,
         period: Period,
-        window: (Timestamp, Timestamp),
-    ) -> Result<Value, JobError> {
-        self.stats_of(pattern, period, window, false).await
+        (from, to): (Timestamp, Timestamp),
+        max_names: usize,
+    ) -> Result<StatsDigest, JobError> {
+        let step = period.millis();
+        let rows = self
+            .read(move |tx| tx.ledger().stats(pattern.as_ref(), from, to))
+            .await?;
+        let mut points: Vec<StatsRow> = (0..(to.0 - from.0) / step)
+            .map(|i| StatsRow {
+                hour: from.0 + i * step,
+                ..StatsRow::default()
+            })
+            .collect();
+        let mut total = StatsRow::default();
+        let mut per_name: BTreeMap<&str, StatsRow> = BTreeMap::new();
+        for row in &rows {
+            let slot = usize::try_from((row.hour - from.0).div_euclid(step)).ok();
+            if let Some(point) = slot.and_then(|i| points.get_mut(i)) {
+                point.merge(row);
+            }
+            total.merge(row);
+            per_name
+                .entry(row.name.as_str())
+                .or_insert_with(|| StatsRow {
+                    name: row.name.clone(),
+                    ..StatsRow::default()
+                })
+                .merge_figures(row);
+        }
+        let name_count = per_name.len();
+        let mut names: Vec<StatsRow> = per_name.into_values().collect();
+        let volume = |r: &StatsRow| r.added + r.started + r.finished + r.failed + r.retried;
+        names.sort_by(|a, b| volume(b).cmp(&volume(a)).then_with(|| a.name.cmp(&b.name)));
+        names.truncate(max_names);
+        total.hour = from.0;
+        Ok(StatsDigest {
+            from,
+            to,
+            points,
+            total,
+            names,
+            name_count,
+        })
     }
 
     async fn stats_of(
@@ -225,18 +286,13 @@ impl Queue {
         pattern: Option<NamePattern>,
         period: Period,
         (from, to): (Timestamp, Timestamp),
-        with_depth: bool,
     ) -> Result<Value, JobError> {
         let step = period.millis();
         let wanted = pattern.clone();
         let (rows, depth) = self
             .read(move |tx| {
                 let rows = tx.ledger().stats(wanted.as_ref(), from, to)?;
-                let depth = if with_depth {
-                    tx.count_by_name()?
-                } else {
-                    Vec::new()
-                };
+                let depth = tx.count_by_name()?;
                 Ok((rows, depth))
             })
             .await?;

@@ -18,7 +18,9 @@ use crate::protocol::view::query_json;
 use crate::protocol::{JobError, JobState, NamePattern, Priority, Timestamp, parse_job_id};
 use crate::server::events::Minute;
 use crate::server::http::listen::MAX_PAGE_BYTES;
+use crate::server::ledger::StatsRow;
 use crate::server::ledger::failure::{self, OUTPUT_KEPT_BYTES, head_and_tail};
+use crate::server::queue::StatsDigest;
 use crate::server::queue::reports::Period;
 use crate::server::store::ListQuery;
 
@@ -212,6 +214,21 @@ fn sum_series(stats: &Value) -> Summed {
     summed
 }
 
+/// A digest in the shape [`sum_series`] reads: one series, its points
+/// summed over the names.
+fn digest_json(digest: &StatsDigest) -> Value {
+    let mut total = digest.total.to_json();
+    if let Value::Object(map) = &mut total {
+        map.remove("time");
+    }
+    json!({
+        "from": digest.from.to_string(),
+        "to": digest.to.to_string(),
+        "series": [{"name": "*", "points": digest.points.iter().map(StatsRow::to_json).collect::<Vec<_>>()}],
+        "total": total,
+    })
+}
+
 fn mean(total: (f64, u64)) -> Option<f64> {
     (total.1 > 0).then(|| total.0 / total.1 as f64)
 }
@@ -263,7 +280,7 @@ pub async fn overview(
         Err(message) => return ui.refuse(&session, message, "/ui"),
     };
     let (stats, workers, (depth, counted)) = match tokio::try_join!(
-        queue.stats_without_depth(None, Period::Hour, window),
+        queue.stats_digest(None, Period::Hour, window, 0),
         queue.workers(),
         ui.depth.get(queue),
     ) {
@@ -294,7 +311,7 @@ pub async fn overview(
         .iter()
         .map(|s| json!({"state": s.as_str(), "count": per_state.get(s.as_str()).copied().unwrap_or(0)}))
         .collect();
-    let summed = sum_series(&stats);
+    let summed = sum_series(&digest_json(&stats));
     let last = summed.times.len().saturating_sub(1);
     let figure = |name: &str| {
         summed
@@ -835,10 +852,15 @@ pub async fn stats(
         Ok(window) => window,
         Err(message) => return ui.refuse(&session, message, "/ui/stats"),
     };
-    let stats = match ui.queue.stats_without_depth(pattern, period, window).await {
-        Ok(stats) => stats,
+    let digest = match ui
+        .queue
+        .stats_digest(pattern, period, window, NAMES_SHOWN)
+        .await
+    {
+        Ok(digest) => digest,
         Err(e) => return ui.fail(&session, e, "/ui/stats"),
     };
+    let stats = digest_json(&digest);
     let period_name = if period == Period::Hour {
         "hour"
     } else {
@@ -881,23 +903,18 @@ pub async fn stats(
             dataset("retried", series("retried")),
         ],
     );
-    let names: Vec<Value> = stats["series"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|serie| {
-            let one = sum_series(&json!({"series": [serie]}));
-            let sum = |figure: &str| one.counts.get(figure).map_or(0, |v| v.iter().sum::<u64>());
-            let total =
-                |v: &Vec<(f64, u64)>| v.iter().fold((0.0, 0), |a, p| (a.0 + p.0, a.1 + p.1));
+    let names: Vec<Value> = digest
+        .names
+        .iter()
+        .map(|row| {
             json!({
-                "name": serie["name"],
-                "added": sum("added"),
-                "finished": sum("finished"),
-                "failed": sum("failed"),
-                "retried": sum("retried"),
-                "wait": secs(mean(total(&one.wait))),
-                "run": secs(mean(total(&one.run))),
+                "name": row.name,
+                "added": row.added,
+                "finished": row.finished,
+                "failed": row.failed,
+                "retried": row.retried,
+                "wait": secs((row.wait.count > 0).then_some(row.wait.mean / 1000.0)),
+                "run": secs((row.run.count > 0).then_some(row.run.mean / 1000.0)),
             })
         })
         .collect();
@@ -911,6 +928,7 @@ pub async fn stats(
         "wait_histogram": histogram_chart(&total["wait"]["histogram"], "waits"),
         "run_histogram": histogram_chart(&total["run"]["histogram"], "runs"),
         "names": names,
+        "name_count": digest.name_count,
     });
     let page = Page {
         template: "stats",
