@@ -307,16 +307,6 @@ impl JobCgroup {
         kill_dirs(&self.dirs);
     }
 
-    /// Kills everything in the job's cgroups and says whether every one of
-    /// them is then seen empty (false if any cannot be read).
-    pub fn emptied(&self) -> bool {
-        self.kill();
-        self.dirs.iter().all(|dir| {
-            fs::read_to_string(dir.join("cgroup.procs"))
-                .is_ok_and(|pids| pids.split_whitespace().next().is_none())
-        })
-    }
-
     /// The job's cgroup directories (for the job guard, which kills them
     /// if the supervisor dies first).
     pub fn dirs(&self) -> &[PathBuf] {

@@ -327,29 +327,22 @@ impl JobTask {
         let oom = job_sandbox.oom_killed();
         // Removing cgroups waits for their processes to go: not on the async
         // threads.
-        let emptied = tokio::task::spawn_blocking(move || job_sandbox.end())
-            .await
-            .unwrap_or(false);
+        let _ = tokio::task::spawn_blocking(move || drop(job_sandbox)).await;
         // Nothing of the job's uid outlives it; only then may another job
-        // have the uid. Where the job's cgroups were seen empty, nothing of
-        // it is left to look for.
-        match claimed {
-            Some(claimed) if emptied => claimed.release_emptied(),
-            Some(claimed) => {
-                let uid = claimed.uid();
-                let launcher = self.shared.launcher.clone();
-                let left = tokio::task::spawn_blocking(move || claimed.release(&launcher))
-                    .await
-                    .unwrap_or_default();
-                if !left.is_empty() {
-                    tracing::warn!(
-                        uid,
-                        pids = ?left,
-                        "processes of the job's uid outlived it and could not be killed; no job gets this uid until they are gone"
-                    );
-                }
+        // have the uid.
+        if let Some(claimed) = claimed {
+            let uid = claimed.uid();
+            let launcher = self.shared.launcher.clone();
+            let left = tokio::task::spawn_blocking(move || claimed.release(&launcher))
+                .await
+                .unwrap_or_default();
+            if !left.is_empty() {
+                tracing::warn!(
+                    uid,
+                    pids = ?left,
+                    "processes of the job's uid outlived it and could not be killed; no job gets this uid until they are gone"
+                );
             }
-            None => {}
         }
         watchers.cancel();
         let _ = heartbeat.await;

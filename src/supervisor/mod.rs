@@ -22,7 +22,6 @@ pub mod sandbox;
 pub mod schedule;
 pub mod scratch;
 pub mod settings;
-pub mod spawner;
 pub mod spool;
 pub mod status;
 pub mod uids;

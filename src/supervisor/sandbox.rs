@@ -448,15 +448,6 @@ impl JobSandbox {
     pub fn oom_killed(&self) -> bool {
         self.cgroup.as_deref().is_some_and(JobCgroup::oom_killed)
     }
-
-    /// Kills what is left in the job's cgroups and removes them (blocking).
-    /// True when the job had cgroups and they were seen empty: then no
-    /// process of the job is left anywhere, since a job's processes cannot
-    /// leave its cgroups (moving a process needs write access to the
-    /// root-owned `cgroup.procs` of another cgroup).
-    pub fn end(self) -> bool {
-        self.cgroup.as_deref().is_some_and(JobCgroup::emptied)
-    }
 }
 
 fn rlimit_list(limits: &Rlimits) -> Vec<(libc::__rlimit_resource_t, u64)> {
@@ -498,8 +489,7 @@ pub struct MountStrings {
 }
 
 impl MountStrings {
-    /// The strings, made (allocated) now.
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         MountStrings {
             root: c"/".to_owned(),
             tmp: c"/tmp".to_owned(),
@@ -512,15 +502,15 @@ impl MountStrings {
 /// The steps a worker takes between fork and exec.
 #[derive(Debug)]
 pub struct ChildSetup {
-    pub(super) procs: Vec<CString>,
-    pub(super) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
-    pub(super) umask: u32,
-    pub(super) credentials: Option<Credentials>,
-    pub(super) no_network: bool,
-    pub(super) private_tmp: bool,
-    pub(super) landlock: Option<i32>,
-    pub(super) parent: i32,
-    pub(super) strings: MountStrings,
+    procs: Vec<CString>,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    umask: u32,
+    credentials: Option<Credentials>,
+    no_network: bool,
+    private_tmp: bool,
+    landlock: Option<i32>,
+    parent: i32,
+    strings: MountStrings,
 }
 
 fn check(result: libc::c_int) -> io::Result<()> {

@@ -371,16 +371,6 @@ impl ClaimedUid {
         self.uid
     }
 
-    /// Lets the uid go without looking for its processes: for a job whose
-    /// cgroups were seen empty at its end ([`JobSandbox::end`]), which
-    /// holds every process the job started (a search of `/proc` per job
-    /// is most of the supervisor's CPU for a short job).
-    ///
-    /// [`JobSandbox::end`]: super::sandbox::JobSandbox::end
-    pub fn release_emptied(self) {
-        drop(self);
-    }
-
     /// Kills every process of the uid, waits for them to be gone, and lets
     /// the uid go. Returns the pids still alive after a wait: the uid stays
     /// out of use (for every supervisor) until they are gone. Blocking.
