@@ -444,6 +444,38 @@ const READY: &str = "state IN ('QUEUED', 'RUNQUEUED')";
 /// condition, written as the index has it so that SQLite uses it.
 const READY_FREE: &str = "state IN ('QUEUED', 'RUNQUEUED') AND held_back_by IS NULL";
 
+// The sweeper's and the scheduler's queries name the partial indexes they
+// were written for: without statistics SQLite would take the listing's
+// `jobs_state (state, job_id)` for their `state = …`, and read and sort
+// every job in that state on every sweep and wake-up.
+
+/// Running jobs whose lease has lapsed, soonest first.
+fn expired_leases_sql() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM jobs INDEXED BY jobs_lease WHERE state = 'RUNNING' \
+         AND lease_expires IS NOT NULL AND lease_expires <= ?1 ORDER BY lease_expires LIMIT ?2"
+    )
+}
+
+/// Ready jobs that fall due in `(?1, ?2]`.
+fn due_between_sql() -> String {
+    format!(
+        "SELECT job_id, name, priority FROM jobs INDEXED BY jobs_due WHERE {READY} \
+         AND next_run > ?1 AND next_run <= ?2 ORDER BY next_run LIMIT ?3"
+    )
+}
+
+/// The next time something falls due: a ready job, or a lease's end.
+fn next_wakeup_sql() -> String {
+    format!(
+        "SELECT MIN(t) FROM ( \
+           SELECT MIN(next_run) AS t FROM jobs INDEXED BY jobs_due WHERE {READY} AND next_run > ?1 \
+           UNION ALL \
+           SELECT MIN(lease_expires) FROM jobs INDEXED BY jobs_lease \
+             WHERE state = 'RUNNING' AND lease_expires IS NOT NULL)"
+    )
+}
+
 pub(super) struct SqliteTx<'c> {
     pub(super) conn: &'c Connection,
 }
@@ -674,13 +706,7 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError> {
-        self.query_jobs(
-            &format!(
-                "SELECT {COLUMNS} FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NOT NULL \
-                 AND lease_expires <= ?1 ORDER BY lease_expires LIMIT ?2"
-            ),
-            params![now.0, limit as i64],
-        )
+        self.query_jobs(&expired_leases_sql(), params![now.0, limit as i64])
     }
 
     fn unleased_running(
@@ -705,10 +731,7 @@ impl StoreTx for SqliteTx<'_> {
     ) -> Result<Vec<(JobId, String, Priority)>, JobError> {
         let mut statement = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT job_id, name, priority FROM jobs WHERE {READY} AND next_run > ?1 AND next_run <= ?2 \
-                 ORDER BY next_run LIMIT ?3"
-            ))
+            .prepare_cached(&due_between_sql())
             .map_err(store_error)?;
         let rows = statement
             .query_map(params![after.0, upto.0, limit as i64], |row| {
@@ -722,12 +745,7 @@ impl StoreTx for SqliteTx<'_> {
     fn next_wakeup(&mut self, now: Timestamp) -> Result<Option<Timestamp>, JobError> {
         let mut statement = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT MIN(t) FROM ( \
-                   SELECT MIN(next_run) AS t FROM jobs WHERE {READY} AND next_run > ?1 \
-                   UNION ALL \
-                   SELECT MIN(lease_expires) FROM jobs WHERE state = 'RUNNING' AND lease_expires IS NOT NULL)"
-            ))
+            .prepare_cached(&next_wakeup_sql())
             .map_err(store_error)?;
         let next: Option<i64> = statement
             .query_row([now.0], |row| row.get(0))
@@ -860,6 +878,33 @@ impl StoreTx for SqliteTx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sweeper_and_scheduler_read_their_partial_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        for (sql, index) in [
+            (expired_leases_sql(), "jobs_lease"),
+            (due_between_sql(), "jobs_due"),
+            (next_wakeup_sql(), "jobs_due"),
+            (next_wakeup_sql(), "jobs_lease"),
+        ] {
+            let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let count = statement.parameter_count();
+            let params: Vec<i64> = vec![1; count];
+            let plan: Vec<String> = statement
+                .query_map(rusqlite::params_from_iter(params), |row| row.get(3))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let plan = plan.join("\n");
+            assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
+            assert!(!plan.contains("jobs_state"), "{sql}: {plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
+        }
+    }
 
     #[test]
     fn a_newer_schema_is_refused() {
