@@ -68,6 +68,17 @@ fn check_csrf(
     }
 }
 
+/// A session's form, read and its CSRF token checked.
+async fn checked_form(
+    ui: &Ui,
+    session: &Session,
+    request: Request,
+) -> Result<HashMap<String, String>, Box<Response>> {
+    let fields = form(request).await.map_err(Box::new)?;
+    check_csrf(ui, session, &fields)?;
+    Ok(fields)
+}
+
 /// `POST /ui/login` with `token`: a session cookie for the right token.
 pub async fn login(State(ui): State<Ui>, request: Request) -> Response {
     let proof = request
@@ -107,11 +118,7 @@ pub async fn logout(
     Extension(session): Extension<Session>,
     request: Request,
 ) -> Response {
-    let fields = match form(request).await {
-        Ok(fields) => fields,
-        Err(response) => return response,
-    };
-    if let Err(response) = check_csrf(&ui, &session, &fields) {
+    if let Err(response) = checked_form(&ui, &session, request).await {
         return *response;
     }
     (
@@ -132,13 +139,10 @@ pub async fn job_action(
     Path((id, action)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let fields = match form(request).await {
+    let fields = match checked_form(&ui, &session, request).await {
         Ok(fields) => fields,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
-    if let Err(response) = check_csrf(&ui, &session, &fields) {
-        return *response;
-    }
     let id = match parse_job_id("jobID", &id) {
         Ok(id) => id,
         Err(e) => return ui.fail(&session, e, "/ui/jobs"),
@@ -238,11 +242,7 @@ pub async fn group_action(
     Path((group, action)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let fields = match form(request).await {
-        Ok(fields) => fields,
-        Err(response) => return response,
-    };
-    if let Err(response) = check_csrf(&ui, &session, &fields) {
+    if let Err(response) = checked_form(&ui, &session, request).await {
         return *response;
     }
     if !valid_group(&group) {
