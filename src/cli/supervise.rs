@@ -267,7 +267,8 @@ async fn reach(
         };
     }
     let client = crate::client::HttpClient::trusting(url, token.token.clone(), ca_cert)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .probe();
     match client
         .call(reqwest::Method::GET, "/healthz", None, WITHIN)
         .await

@@ -135,6 +135,17 @@ impl HttpClient {
         })
     }
 
+    /// The same client for a one-off probe: its switches between servers
+    /// are not logged, since they are not the supervisor's (which keeps
+    /// its own choice; a "job server switched" line from a start-up check
+    /// named a server the supervisor then did not use).
+    pub fn probe(mut self) -> Self {
+        if let Some(servers) = std::sync::Arc::get_mut(&mut self.servers) {
+            servers.quiet();
+        }
+        self
+    }
+
     /// Adds `hint` to the error of a request the server refuses with `401`
     /// (see [`crate::auth::ClientToken`]).
     pub fn with_hint(mut self, hint: String) -> Self {

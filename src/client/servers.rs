@@ -33,6 +33,9 @@ struct Health {
 pub struct Servers {
     bases: Vec<String>,
     state: Mutex<(usize, Vec<Health>)>,
+    /// Whether a switch is logged: not for a probe's own list (a start-up
+    /// check), whose switches are not the supervisor's.
+    log_switches: bool,
 }
 
 impl Servers {
@@ -69,7 +72,15 @@ impl Servers {
         Ok(Servers {
             bases,
             state: Mutex::new((0, health)),
+            log_switches: true,
         })
+    }
+
+    /// Stops logging switches: for a one-off probe
+    /// (the supervisor's start-up check that a server answers), whose
+    /// choice of server is not the one the supervisor's calls use.
+    pub fn quiet(&mut self) {
+        self.log_switches = false;
     }
 
     /// The base URL of server `i`.
@@ -112,14 +123,14 @@ impl Servers {
     pub fn answered(&self, i: usize) {
         let (current, health) = &mut *self.lock();
         health[i] = Health::default();
-        if *current != i {
+        if *current != i && self.log_switches {
             tracing::warn!(
                 from = %self.bases[*current],
                 to = %self.bases[i],
                 "job server switched"
             );
-            *current = i;
         }
+        *current = i;
     }
 
     /// Server `i` could not be reached at `now`: set aside for its
