@@ -91,8 +91,11 @@ fn sighup_applies_a_changed_config_to_the_next_job_without_dropping_the_running_
         .start();
 
     let first = api.create(json!({"name": "Env", "repeat": "FINISHED, +1 HOUR"}));
+    // Leased is not yet started: a reload between the two applies to the
+    // job, so the test waits for the worker's start, not the state.
     poll("the first job to run", || {
-        (api.state(first).as_deref() == Some("RUNNING")).then_some(())
+        (api.state(first).as_deref() == Some("RUNNING") && sup.stderr().contains("starting worker"))
+            .then_some(())
     });
     std::fs::write(&config, "env = { COLOR = \"blue\" }\n").unwrap();
     sup.signal(Signal::SIGHUP);
