@@ -17,12 +17,17 @@ fn main() -> ExitCode {
             None => error.exit(),
         },
     };
-    // The supervisor's job guard is forked while this process has one thread.
-    let guard = cli
+    // The supervisor's spawner (or, failing it, its job guard) is forked
+    // while this process has one thread.
+    let spawner = cli
         .command
         .is_none()
-        .then(jobmgr::supervisor::job_guard::start);
+        .then(jobmgr::supervisor::spawner::start);
+    let guard = matches!(spawner, Some(Err(_))).then(jobmgr::supervisor::job_guard::start);
     jobmgr::logging::init(cli.log_format);
+    if let Some(Err(error)) = spawner {
+        tracing::warn!(%error, "cannot start the spawner process: workers are forked from the supervisor itself, which costs more CPU per job");
+    }
     if let Some(Err(error)) = guard {
         tracing::warn!(%error, "cannot start the job guard: a job's children may outlive a crash of the supervisor");
     }

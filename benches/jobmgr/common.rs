@@ -37,9 +37,13 @@ pub fn auth_headers() -> reqwest::header::HeaderMap {
     headers
 }
 
-/// The `jobmgr` binary under test.
+/// The `jobmgr` binary under test: this build's, or the one named by
+/// `JOBMGR_BENCH_BIN` (to measure another build in the same conditions).
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_jobmgr")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("JOBMGR_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_jobmgr").into())
+    })
 }
 
 /// Starts `command`, reads its ready line (its first line on stdout), and
@@ -366,12 +370,17 @@ impl SupervisorProcess {
             .arg(d.join("spool"))
             .arg("--loadavg-path")
             .arg(d.join("loadavg"))
-            .args(["--user", "self", "--min-memory", "0", "--max-load", "1000"])
+            .args(["--min-memory", "0", "--max-load", "1000"])
             .args(["--ramp", "100000", "--max-workers"])
             .arg(spec.max_workers.to_string())
             .args(&spec.args)
             .env("JOBMGR_LOG", "warn")
             .stdin(Stdio::null());
+        // Workers run as the supervisor's own user unless the measure asks
+        // for the full sandbox (as root: a uid of each job's own).
+        if !spec.args.iter().any(|a| a == "--user") {
+            command.args(["--user", "self"]);
+        }
         match spec.server {
             Some(url) => {
                 command.args(["--server", url]);
@@ -393,21 +402,46 @@ impl SupervisorProcess {
         }
     }
 
-    /// CPU seconds (user + system) used so far.
+    /// CPU seconds (user + system) used so far: the supervisor's, and its
+    /// helper processes' (its spawner or job guard), which do its work.
     pub fn cpu_seconds(&self) -> f64 {
         cpu_seconds(self.child.id())
+            + self
+                .helpers()
+                .into_iter()
+                .filter_map(try_cpu_seconds)
+                .sum::<f64>()
+    }
+
+    /// The supervisor's helper processes: its children named `jobmgr-…`
+    /// (the spawner, or the job guard), not its workers.
+    pub fn helpers(&self) -> Vec<u32> {
+        let mut found = Vec::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id()));
+        for task in tasks.into_iter().flatten().flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for pid in children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+            {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if comm.starts_with("jobmgr-") {
+                    found.push(pid);
+                }
+            }
+        }
+        found
+    }
+
+    /// Resident set size in bytes of its helper processes together.
+    pub fn helpers_rss(&self) -> u64 {
+        self.helpers().into_iter().map(rss_of).sum()
     }
 
     /// Resident set size in bytes.
     pub fn rss(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .expect("VmRSS")
-            * 1024
+        rss_of(self.child.id())
     }
 }
 
@@ -432,6 +466,17 @@ impl Drop for SupervisorProcess {
 /// CPU seconds (user + system) process `pid` has used.
 pub fn cpu_seconds(pid: u32) -> f64 {
     try_cpu_seconds(pid).expect("/proc/PID/stat")
+}
+
+/// Resident set size in bytes of process `pid` (0 if it is gone).
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
 }
 
 /// CPU seconds (user + system) process `pid` has used, if it still runs.

@@ -9,7 +9,9 @@
 //! version that only checks that everything still works; its figures mean
 //! nothing and are not written. `JOBMGR_BENCH_ONLY=http-limits` runs only
 //! the HTTP port's limits section and prints it; `JOBMGR_BENCH_ONLY=events`
-//! the event streams' section.
+//! the event streams' section. `JOBMGR_BENCH_ONLY=supervisor` runs only the
+//! supervisor's sections and prints them; `JOBMGR_BENCH_ONLY=spawn` only its
+//! dispatch latency and end-to-end throughput (a few minutes).
 //!
 //! The PostgreSQL sections need PostgreSQL on 127.0.0.1:5432 with trust
 //! authentication for the user `postgres` (or its URL in `JOBMGR_BENCH_PG`),
@@ -125,8 +127,16 @@ fn main() {
             println!("{}", runtime().block_on(events::report(scale)));
             return;
         }
+        Some("supervisor") => {
+            println!("{}", supervisor::report(scale, true));
+            return;
+        }
+        Some("spawn") => {
+            println!("{}", supervisor::report(scale, false));
+            return;
+        }
         Some(other) => panic!(
-            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\", \"dashboard\" or \"events\" (or unset for the full run)"
+            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\", \"dashboard\", \"events\", \"supervisor\" or \"spawn\" (or unset for the full run)"
         ),
     }
     let runtime = runtime();
@@ -152,7 +162,7 @@ fn main() {
     report.push_str(&dashboard_part(runtime.block_on(dashboard::report(scale))));
     report.push('\n');
     report.push_str(&limits::report(scale));
-    report.push_str(&supervisor::report(scale));
+    report.push_str(&supervisor::report(scale, true));
     report.push_str(&format!(
         "\nThe whole run took {:.0} s.\n",
         started.elapsed().as_secs_f64()

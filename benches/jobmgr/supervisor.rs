@@ -32,6 +32,10 @@ struct Marks {
 
 impl Marks {
     fn new(path: PathBuf) -> Self {
+        // Workers of other uids (the full sandbox) reach it too.
+        if let Some(dir) = path.parent() {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
         std::fs::write(&path, "").expect("marks file");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
         Marks {
@@ -112,6 +116,22 @@ impl Workers {
     fn path(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// The flags of the full sandbox as root: a uid of each job's own (and
+/// so a helper that kills what is left of it after each job), rlimits, and
+/// the cgroup per job and `no_new_privs` that every job gets anyway.
+const FULL_SANDBOX: [&str; 6] = [
+    "--user",
+    "dynamic",
+    "--limit-nofile",
+    "1024",
+    "--limit-core",
+    "0",
+];
+
+fn full_sandbox() -> Vec<String> {
+    FULL_SANDBOX.iter().map(|s| s.to_string()).collect()
 }
 
 fn env_args(marks: &Path, extra: &[String]) -> Vec<String> {
@@ -200,7 +220,13 @@ struct Run {
 
 /// `count` no-op jobs queued first, then a supervisor with `concurrency`
 /// slots started and timed until the last one ran.
-fn throughput(workers: &Workers, name: &str, concurrency: usize, count: usize) -> Run {
+fn throughput(
+    workers: &Workers,
+    name: &str,
+    concurrency: usize,
+    count: usize,
+    extra: &[String],
+) -> Run {
     let server = ServerProcess::start();
     let client = crate::common::client();
     create_batch(&client, &server.url, &format!("bench/{name}"), count);
@@ -212,7 +238,7 @@ fn throughput(workers: &Workers, name: &str, concurrency: usize, count: usize) -
         server: Some(&server.url),
         workers: workers.path(),
         max_workers: concurrency,
-        args: env_args(&marks.path, &[]),
+        args: env_args(&marks.path, extra),
     });
     marks.wait_count(count, Duration::from_secs(600));
     let elapsed = start.elapsed();
@@ -223,8 +249,8 @@ fn throughput(workers: &Workers, name: &str, concurrency: usize, count: usize) -
     }
 }
 
-/// The report's supervisor sections.
-pub fn report(scale: Scale) -> String {
+/// The report's supervisor sections (the footprint only if `footprint`).
+pub fn report(scale: Scale, footprint: bool) -> String {
     let mut out = String::new();
     let workers = Workers::new();
     if !workers.compiled {
@@ -241,7 +267,7 @@ pub fn report(scale: Scale) -> String {
         scale.repeats, scale.dispatch_samples
     ));
     out.push_str("| server | p50 ms | p95 ms | p99 ms |\n| --- | --- | --- | --- |\n");
-    for embedded in [false, true] {
+    for (embedded, sandboxed) in [(false, false), (true, false), (false, true)] {
         let (mut p50, mut p95, mut p99) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..scale.repeats {
             let server = (!embedded).then(ServerProcess::start);
@@ -251,7 +277,14 @@ pub fn report(scale: Scale) -> String {
                 server: server.as_ref().map(|s| s.url.as_str()),
                 workers: workers.path(),
                 max_workers: 8,
-                args: env_args(&marks.path, &[]),
+                args: env_args(
+                    &marks.path,
+                    &if sandboxed {
+                        full_sandbox()
+                    } else {
+                        Vec::new()
+                    },
+                ),
             });
             let base = match &server {
                 Some(server) => server.url.clone(),
@@ -264,10 +297,10 @@ pub fn report(scale: Scale) -> String {
         }
         out.push_str(&format!(
             "| {} | {} | {} | {} |\n",
-            if embedded {
-                "embedded (in-process fetch; CreateJob over HTTP)"
-            } else {
-                "`jobmgr server` over HTTP"
+            match (embedded, sandboxed) {
+                (true, _) => "embedded (in-process fetch; CreateJob over HTTP)",
+                (false, false) => "`jobmgr server` over HTTP",
+                (false, true) => "`jobmgr server` over HTTP, full sandbox",
             },
             spread(p50, 2),
             spread(p95, 2),
@@ -288,13 +321,22 @@ pub fn report(scale: Scale) -> String {
     // (jobs/s, raw spawns/s at N = 1, supervisor ms, server ms) of the
     // compiled worker at N = 8, for the analysis below.
     let mut bound = (0.0, 0.0, 0.0, 0.0);
-    for (name, label) in [("Noop", "compiled (C, static)"), ("Sh", "`/bin/sh` script")] {
+    for (name, label, sandboxed) in [
+        ("Noop", "compiled (C, static)", false),
+        ("Sh", "`/bin/sh` script", false),
+        ("Noop", "compiled, full sandbox", true),
+    ] {
         let program = workers.path().join(name);
+        let extra = if sandboxed {
+            full_sandbox()
+        } else {
+            Vec::new()
+        };
         for concurrency in [1, 2, 8] {
             let (mut jobs, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
             let (mut supervisor_ms, mut server_ms) = (Vec::new(), Vec::new());
             for _ in 0..scale.repeats {
-                let run = throughput(&workers, name, concurrency, scale.throughput_jobs);
+                let run = throughput(&workers, name, concurrency, scale.throughput_jobs, &extra);
                 let limit =
                     raw_spawn_rate(&program, concurrency, scale.throughput_jobs, scratch.path());
                 jobs.push(run.rate);
@@ -304,10 +346,10 @@ pub fn report(scale: Scale) -> String {
                 server_ms.push(run.server_ms);
             }
             let median = |v: &Vec<f64>| median_and_spread(v.clone()).0;
-            if name == "Noop" && concurrency == 1 {
+            if name == "Noop" && !sandboxed && concurrency == 1 {
                 bound.1 = median(&raw);
             }
-            if name == "Noop" && concurrency == 8 {
+            if name == "Noop" && !sandboxed && concurrency == 8 {
                 bound.0 = median(&jobs);
                 bound.2 = median(&supervisor_ms);
                 bound.3 = median(&server_ms);
@@ -328,9 +370,13 @@ pub fn report(scale: Scale) -> String {
     let worker_ms = 1000.0 / raw_one;
     let cpu_bound = cores * 1000.0 / (supervisor_ms + server_ms + worker_ms);
     out.push_str(&format!(
-        "\n**What limits it.** Every process here shares {cores:.0} cores, so jobs/s can be no more than cores ÷ (CPU per job). At N = 8 with the compiled worker, a job costs {supervisor_ms:.2} ms of supervisor CPU, {server_ms:.2} ms of server CPU (two durable commits, two HTTP exchanges) and about {worker_ms:.2} ms for the fork/exec/wait itself (one raw spawn at N = 1): at most {cpu_bound:.0} jobs/s on this machine, of which the measured {rate:.0} jobs/s is {:.0} %. The raw spawn rate has none of the lease, the scratch directory, the pipes, the sandbox (a cgroup per job when run as root), the report or the server, so the 70 % target cannot be met with the server on the same cores; the supervisor's own share is the part to shrink. Profiling it (`perf record -g` on the supervisor during this measure) puts most of it in the kernel, in `fork()` of a multi-threaded parent: page-table copies (`copy_page_range`), copy-on-write faults in the parent afterwards (`do_wp_page`) and TLB shootdowns to the other runtime threads (`smp_call_function_many_cond`). Spawning from a small single-threaded helper process, or with `CLONE_VM|CLONE_VFORK` as `posix_spawn` does, would remove most of it.\n",
+        "\n**What limits it.** Every process here shares {cores:.0} cores, so jobs/s can be no more than cores ÷ (CPU per job). At N = 8 with the compiled worker, a job costs {supervisor_ms:.2} ms of supervisor CPU, {server_ms:.2} ms of server CPU (two durable commits, two HTTP exchanges) and about {worker_ms:.2} ms for the fork/exec/wait itself (one raw spawn at N = 1): at most {cpu_bound:.0} jobs/s on this machine, of which the measured {rate:.0} jobs/s is {:.0} %. The raw spawn rate has none of the lease, the scratch directory, the pipes, the sandbox (a cgroup per job when run as root), the report or the server, so the raw rate cannot be met with the server on the same cores. Workers are started by the spawner, a single-threaded process forked before the supervisor's runtime, so a fork no longer copies the runtime's page tables; profiling the supervisor and its spawner (`perf record -g` during this measure) puts most of what is left in the kernel: switches between the runtime's threads, the job's cgroups and scratch directory (`mkdir`, `rmdir`), and the spawner's own `fork()`. BENCHMARKS.md's section on the spawn path has the measures of each step.\n",
         rate / cpu_bound * 100.0
     ));
+
+    if !footprint {
+        return out;
+    }
 
     // 3. Footprint.
     out.push_str("\n## Supervisor footprint\n\n");
@@ -340,6 +386,7 @@ pub fn report(scale: Scale) -> String {
     ));
     let (mut cpu, mut requests, mut idle_rss, mut busy_rss) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut helper_idle_rss, mut helper_busy_rss) = (Vec::new(), Vec::new());
     for _ in 0..scale.repeats {
         let server = ServerProcess::start();
         let scratch = tempfile::tempdir().expect("temp dir");
@@ -376,6 +423,7 @@ pub fn report(scale: Scale) -> String {
         cpu.push((supervisor.cpu_seconds() - cpu_before) / scale.idle_watch.as_secs_f64() * 100.0);
         requests.push(count() - requests_before);
         idle_rss.push(supervisor.rss() as f64 / 1048576.0);
+        helper_idle_rss.push(supervisor.helpers_rss() as f64 / 1048576.0);
 
         // 100 workers at once.
         let client = crate::common::client();
@@ -383,6 +431,7 @@ pub fn report(scale: Scale) -> String {
         let mut marks = marks;
         marks.wait_count(100, Duration::from_secs(120));
         busy_rss.push(supervisor.rss() as f64 / 1048576.0);
+        helper_busy_rss.push(supervisor.helpers_rss() as f64 / 1048576.0);
         std::fs::write(scratch.path().join("release"), "").expect("release");
     }
     out.push_str("| measure | value |\n| --- | --- |\n");
@@ -399,6 +448,14 @@ pub fn report(scale: Scale) -> String {
     out.push_str(&format!(
         "| RSS with 100 workers running (MiB) | {} |\n",
         spread(busy_rss, 1)
+    ));
+    out.push_str(&format!(
+        "| its helper process's RSS (spawner or job guard), idle (MiB) | {} |\n",
+        spread(helper_idle_rss, 1)
+    ));
+    out.push_str(&format!(
+        "| its helper process's RSS with 100 workers running (MiB) | {} |\n",
+        spread(helper_busy_rss, 1)
     ));
 
     // RSS over many jobs.

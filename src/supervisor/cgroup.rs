@@ -48,6 +48,8 @@ pub struct Cgroups {
 #[derive(Debug)]
 pub struct JobCgroup {
     dirs: Vec<PathBuf>,
+    /// Set once every directory is removed: nothing is left to kill.
+    removed: std::sync::atomic::AtomicBool,
     /// `cgroup.procs` files the worker joins.
     procs: Vec<PathBuf>,
     unified: Option<PathBuf>,
@@ -226,6 +228,7 @@ impl Cgroups {
         let name = format!("job-{job_id}-{:08x}", rand::random::<u32>());
         let mut job = JobCgroup {
             dirs: Vec::new(),
+            removed: std::sync::atomic::AtomicBool::new(false),
             procs: Vec::new(),
             unified: None,
             memory_v1: None,
@@ -307,6 +310,51 @@ impl JobCgroup {
         kill_dirs(&self.dirs);
     }
 
+    /// Kills everything in the job's cgroups and says whether every one of
+    /// them is then seen empty (false if any cannot be read; one already
+    /// removed is empty).
+    pub fn emptied(&self) -> bool {
+        self.kill();
+        self.dirs
+            .iter()
+            .all(|dir| match fs::read_to_string(dir.join("cgroup.procs")) {
+                Ok(pids) => pids.split_whitespace().next().is_none(),
+                Err(e) => e.kind() == io::ErrorKind::NotFound && !dir.exists(),
+            })
+    }
+
+    /// Whether every one of the job's cgroups holds no process now (v2:
+    /// `cgroup.events` says `populated 0`; v1: `cgroup.procs` is empty),
+    /// read without blocking; false if any cannot be read.
+    pub fn seen_empty(&self) -> bool {
+        self.dirs.iter().all(|dir| {
+            if Some(dir) == self.unified.as_ref() {
+                fs::read_to_string(dir.join("cgroup.events"))
+                    .is_ok_and(|events| events.lines().any(|l| l == "populated 0"))
+            } else {
+                fs::read_to_string(dir.join("cgroup.procs"))
+                    .is_ok_and(|pids| pids.split_whitespace().next().is_none())
+            }
+        })
+    }
+
+    /// Removes the job's cgroups if the kernel finds every one empty (it
+    /// refuses to remove a cgroup with a process in it): the usual end of
+    /// a job, with no kill and no wait. True when all are gone,
+    /// which proves no process of the job is left; false leaves the rest
+    /// to [`JobCgroup::emptied`] and the drop.
+    pub fn removed_if_empty(&self) -> bool {
+        let all = self.dirs.iter().all(|dir| match fs::remove_dir(dir) {
+            Ok(()) => true,
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        });
+        if all {
+            self.removed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        all
+    }
+
     /// The job's cgroup directories (for the job guard, which kills them
     /// if the supervisor dies first).
     pub fn dirs(&self) -> &[PathBuf] {
@@ -342,6 +390,9 @@ impl JobCgroup {
 
 impl Drop for JobCgroup {
     fn drop(&mut self) {
+        if self.removed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         self.kill();
         for dir in self.dirs.iter().rev() {
             remove_dir_when_empty(dir);

@@ -325,24 +325,36 @@ impl JobTask {
         )
         .await;
         let oom = job_sandbox.oom_killed();
-        // Removing cgroups waits for their processes to go: not on the async
-        // threads.
-        let _ = tokio::task::spawn_blocking(move || drop(job_sandbox)).await;
-        // Nothing of the job's uid outlives it; only then may another job
-        // have the uid.
-        if let Some(claimed) = claimed {
-            let uid = claimed.uid();
-            let launcher = self.shared.launcher.clone();
-            let left = tokio::task::spawn_blocking(move || claimed.release(&launcher))
+        // Empty cgroups (the usual end) are removed here; killing what is
+        // left and waiting for it to go is not for the async threads.
+        let emptied = job_sandbox.ended_empty()
+            || tokio::task::spawn_blocking(move || job_sandbox.end())
                 .await
-                .unwrap_or_default();
-            if !left.is_empty() {
-                tracing::warn!(
-                    uid,
-                    pids = ?left,
-                    "processes of the job's uid outlived it and could not be killed; no job gets this uid until they are gone"
-                );
+                .unwrap_or(false);
+        // The scratch directory (the job's uid's own) goes before the uid
+        // does, so that no later job of the uid finds it; off the async
+        // threads unless it is empty.
+        scratch.remove().await;
+        // Nothing of the job's uid outlives it; only then may another job
+        // have the uid. Where the job's cgroups were seen empty, nothing of
+        // it is left to look for.
+        match claimed {
+            Some(claimed) if emptied => claimed.release_emptied(),
+            Some(claimed) => {
+                let uid = claimed.uid();
+                let launcher = self.shared.launcher.clone();
+                let left = tokio::task::spawn_blocking(move || claimed.release(&launcher))
+                    .await
+                    .unwrap_or_default();
+                if !left.is_empty() {
+                    tracing::warn!(
+                        uid,
+                        pids = ?left,
+                        "processes of the job's uid outlived it and could not be killed; no job gets this uid until they are gone"
+                    );
+                }
             }
+            None => {}
         }
         watchers.cancel();
         let _ = heartbeat.await;
@@ -357,8 +369,6 @@ impl JobTask {
             },
             None => facts,
         };
-        // Off the async threads: a worker may leave a large tree.
-        scratch.remove().await;
         let mut finished =
             finished.map_err(|e| not_started(&e, "cannot start or wait for the worker"))?;
         finished.oom = oom;

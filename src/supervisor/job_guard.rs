@@ -1,5 +1,7 @@
 //! What ends a job's processes when the supervisor dies first (`kill -9`,
-//! an OOM kill, a crash). The worker itself gets `PR_SET_PDEATHSIG`, but
+//! an OOM kill, a crash) and there is no spawner process (see
+//! [`spawner`](super::spawner), which does this job better when it runs:
+//! it also catches what left the job's session without cgroups). The worker itself gets `PR_SET_PDEATHSIG`, but
 //! what it started outlives it: its lease lapses, the job runs again, and
 //! the first run's children still run beside the second.
 //!

@@ -1,5 +1,6 @@
-//! The one thread workers are forked from, and the reaper of whatever else
-//! ends up as the supervisor's child.
+//! The one thread workers are forked from when there is no spawner process
+//! (see [`spawner`](super::spawner), which starts them otherwise), and the
+//! reaper of whatever else ends up as the supervisor's child.
 //!
 //! `PR_SET_PDEATHSIG` fires when the *thread* that forked a child exits, so
 //! forking from a pool thread that retires when idle would kill workers at
@@ -102,6 +103,10 @@ impl Launcher {
             return Err(std::io::Error::other(
                 "refusing to kill every process of root",
             ));
+        }
+        // The spawner's fork is the cheap one.
+        if let Some(spawner) = super::spawner::get() {
+            return spawner.kill_uid(uid);
         }
         let mut workers = self.workers.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the child makes only system calls and ends itself.

@@ -22,6 +22,7 @@ pub mod sandbox;
 pub mod schedule;
 pub mod scratch;
 pub mod settings;
+pub mod spawner;
 pub mod spool;
 pub mod status;
 pub mod uids;
@@ -191,6 +192,17 @@ pub fn check_sandboxes(settings: &Settings) -> Result<(), String> {
 }
 
 impl Generation {
+    /// The uid pools of its sandboxes (one per distinct pool).
+    fn uid_pools(&self) -> Vec<Arc<uids::UidPool>> {
+        let mut pools: Vec<Arc<uids::UidPool>> = Vec::new();
+        for pool in self.sandboxes.iter().filter_map(|s| s.uids()) {
+            if !pools.iter().any(|p| Arc::ptr_eq(p, pool)) {
+                pools.push(Arc::clone(pool));
+            }
+        }
+        pools
+    }
+
     fn build(
         settings: Arc<Settings>,
         cgroups: &Result<Arc<cgroup::Cgroups>, String>,
@@ -427,6 +439,19 @@ impl Supervisor {
             max_workers = settings.gate.max_workers,
             "supervisor started"
         );
+
+        // Strays of the uid ranges are looked for before the first job, and
+        // now and then after (see `uids::keep_swept`).
+        let pools = self.generation().uid_pools();
+        for pool in &pools {
+            uids::sweep_now(pool).await;
+        }
+        let _sweepers: Vec<_> = pools
+            .into_iter()
+            .map(|pool| {
+                tokio_util::task::AbortOnDropHandle::new(tokio::spawn(uids::keep_swept(pool)))
+            })
+            .collect();
 
         let mut scheduler = Some(tokio::spawn(keep_schedule(
             Arc::clone(&self.source),

@@ -5,7 +5,7 @@
 //! [`super::report_line`]), a timeout with SIGTERM, grace and SIGKILL to the whole group, and
 //! the group killed when the worker ends, so nothing it started outlives it.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -15,7 +15,9 @@ use std::time::Duration;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -111,6 +113,231 @@ pub async fn run(
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
     fcntl(&progress_read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)?;
 
+    let started = match super::spawner::get() {
+        Some(spawner) => spawn_by(spawner, &spec, &setup, tree.as_ref(), progress_write).await?,
+        None => spawn_here(launcher, &spec, setup, tree.as_ref(), progress_write).await?,
+    };
+    let Started {
+        mut child,
+        stdin,
+        stdout,
+        stderr,
+    } = started;
+    let pid = child.pid();
+    if let Some(hook) = &spec.on_spawn {
+        (hook.0)(pid);
+    }
+
+    let mut stdin = stdin;
+    let payload = spec.stdin;
+    let writer = tokio::spawn(async move {
+        if let Some(stdin) = stdin.as_mut() {
+            // A worker that never reads its stdin or closes it early is its
+            // own business: the error ends only this writer.
+            let _ = stdin.write_all(&payload).await;
+            let _ = stdin.shutdown().await;
+        }
+    });
+    let stdout_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
+    let stderr_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
+    let stdout = tokio::spawn(drain(stdout, Arc::clone(&stdout_capture)));
+    let stderr = tokio::spawn(drain(stderr, Arc::clone(&stderr_capture)));
+    let progress_task = tokio::spawn(read_progress(progress_read, progress));
+
+    let mut killed = false;
+    let ending = tokio::select! {
+        status = child.wait() => status.map(status_ending),
+        _ = tokio::time::sleep(spec.timeout) => {
+            tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
+            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
+            Ok(Ending::TimedOut)
+        }
+        _ = stop.cancelled() => {
+            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
+            Ok(Ending::Stopped)
+        }
+    };
+    // On every path, a failed wait included: the worker is the reaper's
+    // to reap if the runtime could not, and whatever is left of its process
+    // group, and of its cgroup (which also holds what left the group), dies
+    // with it.
+    launcher.reaped(pid);
+    kill_group(pid, Signal::SIGKILL);
+    // Nothing left in the cgroups (the usual end): no kill, no hand-off.
+    if !tree.as_ref().is_some_and(|tree| tree.seen_empty()) {
+        kill_tree(tree.as_ref()).await;
+    }
+    super::job_guard::ended(pid);
+    // The spawner may forget the job now.
+    drop(child);
+    writer.abort();
+    // Progress written just before the end still counts: read fd 3 to its
+    // end (the group is dead), as briefly as the output.
+    let mut progress_task = progress_task;
+    let report_line = match tokio::time::timeout(Duration::from_secs(2), &mut progress_task).await {
+        Ok(read) => read.ok().flatten(),
+        Err(_) => {
+            progress_task.abort();
+            None
+        }
+    };
+    let stdout = collect(stdout, &stdout_capture).await;
+    let stderr = collect(stderr, &stderr_capture).await;
+    let ending = ending.inspect_err(|error| {
+        tracing::error!(pid, %error, "cannot wait for the worker; its process group was killed");
+    })?;
+    Ok(Finished {
+        ending,
+        pid,
+        stdout,
+        stderr,
+        killed,
+        oom: false,
+        report_line,
+    })
+}
+
+/// A started worker: the spawner's, or the runtime's when there is no
+/// spawner (tests, or a spawner that could not start).
+enum Child {
+    Runtime(tokio::process::Child),
+    Spawned(super::spawner::SpawnedWorker),
+}
+
+impl Child {
+    fn pid(&self) -> u32 {
+        match self {
+            Child::Runtime(child) => child.id().unwrap_or(0),
+            Child::Spawned(worker) => worker.pid(),
+        }
+    }
+
+    /// Waits for the worker to end (cancel-safe).
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Child::Runtime(child) => child.wait().await,
+            Child::Spawned(worker) => worker.wait().await,
+        }
+    }
+}
+
+type Input = Box<dyn AsyncWrite + Send + Unpin>;
+type Output = Box<dyn AsyncRead + Send + Unpin>;
+
+/// A worker just started, with the supervisor's ends of its stdio.
+struct Started {
+    child: Child,
+    stdin: Option<Input>,
+    stdout: Option<Output>,
+    stderr: Option<Output>,
+}
+
+/// Starts the worker in the spawner process: the pipes are made here and
+/// the worker's ends sent along with the request.
+async fn spawn_by(
+    spawner: &'static super::spawner::Spawner,
+    spec: &WorkerSpec,
+    setup: &ChildSetup,
+    tree: Option<&Arc<JobCgroup>>,
+    progress_write: OwnedFd,
+) -> std::io::Result<Started> {
+    use std::os::unix::ffi::OsStrExt;
+    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from);
+    let (stdin_read, stdin_write) = pipe()?;
+    let (stdout_read, stdout_write) = pipe()?;
+    let (stderr_read, stderr_write) = pipe()?;
+    let program = resolve_program(&spec.program, &spec.env);
+    let bytes = |s: &std::ffi::OsStr| s.as_bytes().to_vec();
+    let request = super::spawner::protocol::SpawnRequest {
+        id: 0,
+        program: bytes(program.as_os_str()),
+        args: spec.args.iter().map(|a| bytes(a)).collect(),
+        env: spec
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}").into_bytes())
+            .collect(),
+        cwd: bytes(spec.cwd.as_os_str()),
+        cgroups: tree.map_or_else(Vec::new, |t| {
+            t.dirs().iter().map(|d| bytes(d.as_os_str())).collect()
+        }),
+        procs: setup.procs.iter().map(|p| p.as_bytes().to_vec()).collect(),
+        rlimits: setup.rlimits.clone(),
+        umask: setup.umask,
+        credentials: setup.credentials.as_ref().map(|c| {
+            super::spawner::protocol::WireCredentials {
+                uid: c.uid,
+                gid: c.gid,
+                groups: c.groups.clone(),
+            }
+        }),
+        no_network: setup.no_network,
+        private_tmp: setup.private_tmp,
+        landlock: setup.landlock.is_some(),
+    };
+    let mut fds = vec![
+        stdin_read.as_fd(),
+        stdout_write.as_fd(),
+        stderr_write.as_fd(),
+        progress_write.as_fd(),
+    ];
+    // SAFETY: the ruleset's descriptor is held open by the job's sandbox
+    // for the whole run.
+    let landlock = setup
+        .landlock
+        .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
+    fds.extend(landlock);
+    let worker = spawner.spawn(request, &fds).await?;
+    drop(fds);
+    drop((stdin_read, stdout_write, stderr_write, progress_write));
+    let nonblocking = |fd: &OwnedFd| {
+        fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)
+    };
+    nonblocking(&stdin_write)?;
+    nonblocking(&stdout_read)?;
+    nonblocking(&stderr_read)?;
+    let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_write)?;
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_read)?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_read)?;
+    Ok(Started {
+        child: Child::Spawned(worker),
+        stdin: Some(Box::new(stdin)),
+        stdout: Some(Box::new(stdout)),
+        stderr: Some(Box::new(stderr)),
+    })
+}
+
+/// `program` as `execvp` would find it: itself if it names a path, else
+/// the first executable file of that name on the worker's `PATH`.
+fn resolve_program(program: &std::path::Path, env: &[(String, String)]) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    if program.as_os_str().as_bytes().contains(&b'/') {
+        return program.to_path_buf();
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("/usr/local/bin:/usr/bin:/bin", |(_, v)| v.as_str());
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let candidate = std::path::Path::new(dir).join(program);
+        if nix::unistd::access(&candidate, nix::unistd::AccessFlags::X_OK).is_ok()
+            && candidate.is_file()
+        {
+            return candidate;
+        }
+    }
+    program.to_path_buf()
+}
+
+/// Starts the worker from the supervisor's own launcher thread, with the
+/// job guard told of it (when there is no spawner).
+async fn spawn_here(
+    launcher: &Launcher,
+    spec: &WorkerSpec,
+    setup: ChildSetup,
+    tree: Option<&Arc<JobCgroup>>,
+    progress_write: OwnedFd,
+) -> std::io::Result<Started> {
     let mut command = tokio::process::Command::new(&spec.program);
     command
         .args(&spec.args)
@@ -146,72 +373,15 @@ pub async fn run(
     let pid = child.id().unwrap_or(0);
     // Should the supervisor die before the job ends, the job guard ends
     // the job's process group and cgroups.
-    super::job_guard::started(pid, tree.as_ref().map_or(&[][..], |t| t.dirs()));
-    if let Some(hook) = &spec.on_spawn {
-        (hook.0)(pid);
-    }
-
-    let mut stdin = child.stdin.take();
-    let payload = spec.stdin;
-    let writer = tokio::spawn(async move {
-        if let Some(stdin) = stdin.as_mut() {
-            // A worker that never reads its stdin or closes it early is its
-            // own business: the error ends only this writer.
-            let _ = stdin.write_all(&payload).await;
-            let _ = stdin.shutdown().await;
-        }
-    });
-    let stdout_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
-    let stderr_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
-    let stdout = tokio::spawn(drain(child.stdout.take(), Arc::clone(&stdout_capture)));
-    let stderr = tokio::spawn(drain(child.stderr.take(), Arc::clone(&stderr_capture)));
-    let progress_task = tokio::spawn(read_progress(progress_read, progress));
-
-    let mut killed = false;
-    let ending = tokio::select! {
-        status = child.wait() => status.map(status_ending),
-        _ = tokio::time::sleep(spec.timeout) => {
-            tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
-            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
-            Ok(Ending::TimedOut)
-        }
-        _ = stop.cancelled() => {
-            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
-            Ok(Ending::Stopped)
-        }
-    };
-    // On every path, a failed wait included: the worker is the reaper's
-    // to reap if the runtime could not, and whatever is left of its process
-    // group, and of its cgroup (which also holds what left the group), dies
-    // with it.
-    launcher.reaped(pid);
-    kill_group(pid, Signal::SIGKILL);
-    kill_tree(tree.as_ref()).await;
-    super::job_guard::ended(pid);
-    writer.abort();
-    // Progress written just before the end still counts: read fd 3 to its
-    // end (the group is dead), as briefly as the output.
-    let mut progress_task = progress_task;
-    let report_line = match tokio::time::timeout(Duration::from_secs(2), &mut progress_task).await {
-        Ok(read) => read.ok().flatten(),
-        Err(_) => {
-            progress_task.abort();
-            None
-        }
-    };
-    let stdout = collect(stdout, &stdout_capture).await;
-    let stderr = collect(stderr, &stderr_capture).await;
-    let ending = ending.inspect_err(|error| {
-        tracing::error!(pid, %error, "cannot wait for the worker; its process group was killed");
-    })?;
-    Ok(Finished {
-        ending,
-        pid,
+    super::job_guard::started(pid, tree.map_or(&[][..], |t| t.dirs()));
+    let stdin = child.stdin.take().map(|s| Box::new(s) as Input);
+    let stdout = child.stdout.take().map(|s| Box::new(s) as Output);
+    let stderr = child.stderr.take().map(|s| Box::new(s) as Output);
+    Ok(Started {
+        child: Child::Runtime(child),
+        stdin,
         stdout,
         stderr,
-        killed,
-        oom: false,
-        report_line,
     })
 }
 
@@ -226,7 +396,7 @@ fn status_ending(status: std::process::ExitStatus) -> Ending {
 /// SIGTERM to the group, then SIGKILL (to the group and the cgroup) after
 /// `grace`. Returns whether SIGKILL was needed.
 async fn terminate(
-    child: &mut tokio::process::Child,
+    child: &mut Child,
     pid: u32,
     grace: Duration,
     tree: Option<&Arc<JobCgroup>>,

@@ -448,6 +448,26 @@ impl JobSandbox {
     pub fn oom_killed(&self) -> bool {
         self.cgroup.as_deref().is_some_and(JobCgroup::oom_killed)
     }
+
+    /// Kills what is left in the job's cgroups and removes them (blocking).
+    /// True when the job had cgroups and they were seen empty: then no
+    /// process of the job is left anywhere, since a job's processes cannot
+    /// leave its cgroups when the supervisor runs as root and the job as
+    /// another user (moving a process needs write access to the root-owned
+    /// `cgroup.procs` of another cgroup); the uid pool, the one user of
+    /// this proof, exists only then.
+    pub fn end(self) -> bool {
+        self.cgroup.as_deref().is_some_and(JobCgroup::emptied)
+    }
+
+    /// Removes the job's cgroups if they are empty already, without
+    /// blocking (see [`JobCgroup::removed_if_empty`]): true means the same
+    /// as [`JobSandbox::end`]'s true, and nothing is left to end.
+    pub fn ended_empty(&self) -> bool {
+        self.cgroup
+            .as_deref()
+            .is_some_and(JobCgroup::removed_if_empty)
+    }
 }
 
 fn rlimit_list(limits: &Rlimits) -> Vec<(libc::__rlimit_resource_t, u64)> {
@@ -489,7 +509,8 @@ pub struct MountStrings {
 }
 
 impl MountStrings {
-    fn new() -> Self {
+    /// The strings, made (allocated) now.
+    pub(super) fn new() -> Self {
         MountStrings {
             root: c"/".to_owned(),
             tmp: c"/tmp".to_owned(),
@@ -502,15 +523,15 @@ impl MountStrings {
 /// The steps a worker takes between fork and exec.
 #[derive(Debug)]
 pub struct ChildSetup {
-    procs: Vec<CString>,
-    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
-    umask: u32,
-    credentials: Option<Credentials>,
-    no_network: bool,
-    private_tmp: bool,
-    landlock: Option<i32>,
-    parent: i32,
-    strings: MountStrings,
+    pub(super) procs: Vec<CString>,
+    pub(super) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    pub(super) umask: u32,
+    pub(super) credentials: Option<Credentials>,
+    pub(super) no_network: bool,
+    pub(super) private_tmp: bool,
+    pub(super) landlock: Option<i32>,
+    pub(super) parent: i32,
+    pub(super) strings: MountStrings,
 }
 
 fn check(result: libc::c_int) -> io::Result<()> {

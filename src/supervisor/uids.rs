@@ -10,12 +10,18 @@
 //! never hand out the same uid at once, and the lock goes with a supervisor
 //! that dies. Under the lock the uid is checked for live processes: one that
 //! outlived its job (or a killed supervisor's job) keeps the uid out of use
-//! until it is gone. At the end of a job every process of its uid is killed
+//! until it is gone. At the end of a job whose cgroups were seen empty,
+//! nothing of it is left; otherwise every process of its uid is killed
 //! (`kill(-1)` from a helper that has become that uid, which the kernel does
-//! atomically with respect to forks) before the lock is let go.
+//! atomically with respect to forks) before the lock is let go. Either way,
+//! a uid let go with no process left says so in its lock file ([`CLEAN`]),
+//! and the next claim of it skips the search of `/proc`, the most costly
+//! step of a short job. This process claims the uids it let go clean
+//! first, oldest first, without blocking ([`UidPool::try_claim_recent`]).
 //!
-//! Uids that name a user or a group in the user database, or that lie in a
-//! subordinate id range (`/etc/subuid`, `/etc/subgid`), are never used; a
+//! Uids that name a user or a group in the user database (asked at each
+//! claim, or within the last 10 s for a uid claimed again), or that lie in
+//! a subordinate id range (`/etc/subuid`, `/etc/subgid`), are never used; a
 //! range that overlaps systemd's dynamic users, or holds root, `nobody` or
 //! `(uid_t) -1`, is refused.
 
@@ -47,6 +53,19 @@ const SYSTEMD_DYNAMIC: RangeInclusive<u32> = 61184..=65519;
 
 /// The most uids a range may hold.
 const MAX_RANGE: u64 = 65536;
+
+/// What a lock file holds when its uid's last holder let it go with no
+/// process of the uid alive (its job's cgroups seen empty, or a search of
+/// `/proc` after killing them): the next claim needs no search of `/proc`,
+/// which is most of a short job's cost to the supervisor. A claim writes
+/// [`HELD`] over it first, so a holder that dies (a `kill -9`, a crash)
+/// leaves that, and the next claim searches.
+const CLEAN: &[u8] = b"released clean\n";
+
+/// What a claim writes over [`CLEAN`] (as long, so that the file is never
+/// truncated: where `/run` is on a disk, ext4 writes a file truncated to
+/// nothing back at its close).
+const HELD: &[u8] = b"claimed       \n";
 
 /// How long a release waits for the processes of a uid to be gone.
 const RELEASE_WAIT: Duration = Duration::from_secs(2);
@@ -134,7 +153,17 @@ pub struct UidPool {
     same_gid: bool,
     /// Uids of the range the user database or a subordinate range has.
     excluded: Vec<RangeInclusive<u64>>,
+    /// Uids this process let go clean, the oldest first, each with when the
+    /// user database last said it has no such user or group.
+    recent: Recent,
 }
+
+/// See [`UidPool::try_claim_recent`].
+type Recent = Arc<std::sync::Mutex<std::collections::VecDeque<(u32, Instant)>>>;
+
+/// How long the user database's word that it has no user (or group) of a
+/// uid is taken without asking it again, for a claim that needs no search.
+const DATABASE_FRESH: Duration = Duration::from_secs(10);
 
 /// Why no uid could be claimed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +229,7 @@ impl UidPool {
             lock_dir: lock_dir.to_path_buf(),
             same_gid,
             excluded,
+            recent: Recent::default(),
         })
     }
 
@@ -222,6 +252,49 @@ impl UidPool {
             .count() as u64
     }
 
+    /// The lock of `uid`, if its lock file exists and no one holds it.
+    fn lock_existing(&self, uid: u32) -> Option<Flock<File>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(self.lock_dir.join(format!("{uid}.lock")))
+            .ok()?;
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()
+    }
+
+    /// Claims a uid this process let go clean lately, the one let go
+    /// longest ago first (so that jobs go round the range, as random
+    /// claims do, rather than one uid passing from job to job what a job
+    /// may leave owned by it: files in a shared `/tmp`, IPC objects),
+    /// without blocking for long: no search of `/proc` (its lock file says
+    /// clean) and no question to the user database (asked within
+    /// [`DATABASE_FRESH`]). Only lock files are opened, so the async
+    /// threads may call it; `None` when no such uid is free (then
+    /// [`UidPool::try_claim`] searches).
+    pub fn try_claim_recent(&self) -> Option<ClaimedUid> {
+        use std::os::unix::fs::FileExt;
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some((uid, checked)) = recent.pop_front() {
+            if checked.elapsed() > DATABASE_FRESH || self.excluded(uid) {
+                continue;
+            }
+            let Some(lock) = self.lock_existing(uid) else {
+                continue;
+            };
+            if !released_clean(&lock) || lock.write_all_at(HELD, 0).is_err() {
+                continue;
+            }
+            return Some(ClaimedUid {
+                uid,
+                lock,
+                checked,
+                recent: Arc::clone(&self.recent),
+            });
+        }
+        None
+    }
+
     /// Claims a free uid, starting at a random one so that supervisors
     /// sharing the range rarely try the same. Blocking: locks files and
     /// reads `/proc`.
@@ -237,6 +310,7 @@ impl UidPool {
             if self.excluded(uid) || in_user_database(uid, self.same_gid) {
                 continue;
             }
+            let checked = Instant::now();
             let path = self.lock_dir.join(format!("{uid}.lock"));
             let file = OpenOptions::new()
                 .create(true)
@@ -263,14 +337,32 @@ impl UidPool {
             // Checked under the lock: only a holder of the lock starts
             // processes of this uid, and a release lets go of it after
             // killing them, so what is alive now stays until it dies.
-            if !processes_of(uid).is_empty() {
+            if !released_clean(&lock) && !processes_of(uid).is_empty() {
                 shortage.lingering.push(uid);
                 continue;
             }
-            return Ok(Ok(ClaimedUid { uid, _lock: lock }));
+            // Until this claim ends clean, the uid is not known to be.
+            {
+                use std::os::unix::fs::FileExt;
+                lock.write_all_at(HELD, 0)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+            }
+            return Ok(Ok(ClaimedUid {
+                uid,
+                lock,
+                checked,
+                recent: Arc::clone(&self.recent),
+            }));
         }
         Ok(Err(shortage))
     }
+}
+
+/// Whether the lock file of a uid says its last holder let it go clean.
+fn released_clean(lock: &File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = [0u8; 32];
+    matches!(lock.read_at(&mut bytes, 0), Ok(n) if &bytes[..n] == CLEAN)
 }
 
 /// Makes the claims directory (mode 0700, its parent 0755) and checks that
@@ -326,35 +418,36 @@ fn in_user_database(uid: u32, same_gid: bool) -> bool {
 /// The pids of live processes (not zombies) with `uid` as their real,
 /// effective, saved or filesystem uid.
 pub fn processes_of(uid: u32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let mut alive = true;
-        let mut has = false;
-        for line in status.lines() {
-            if let Some(state) = line.strip_prefix("State:") {
-                alive = !matches!(state.trim_start().chars().next(), Some('Z' | 'X'));
-            } else if let Some(uids) = line.strip_prefix("Uid:") {
-                has = uids.split_whitespace().any(|u| u.parse::<u32>() == Ok(uid));
+    live_processes()
+        .filter(|(_, uids)| uids.contains(&uid))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Every live process (not a zombie) in `/proc`, with its real, effective,
+/// saved and filesystem uids.
+fn live_processes() -> impl Iterator<Item = (i32, Vec<u32>)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let mut alive = true;
+            let mut uids = Vec::new();
+            for line in status.lines() {
+                if let Some(state) = line.strip_prefix("State:") {
+                    alive = !matches!(state.trim_start().chars().next(), Some('Z' | 'X'));
+                } else if let Some(ids) = line.strip_prefix("Uid:") {
+                    uids = ids
+                        .split_whitespace()
+                        .filter_map(|u| u.parse().ok())
+                        .collect();
+                }
             }
-        }
-        if alive && has {
-            pids.push(pid);
-        }
-    }
-    pids
+            alive.then_some((pid, uids))
+        })
 }
 
 /// A uid claimed for one job; the claim ends when this is dropped (use
@@ -362,13 +455,38 @@ pub fn processes_of(uid: u32) -> Vec<i32> {
 #[derive(Debug)]
 pub struct ClaimedUid {
     uid: u32,
-    _lock: Flock<File>,
+    lock: Flock<File>,
+    /// When the user database last said it has no such user.
+    checked: Instant,
+    /// Where a clean release puts the uid for the next claim.
+    recent: Recent,
 }
 
 impl ClaimedUid {
     /// The uid.
     pub fn uid(&self) -> u32 {
         self.uid
+    }
+
+    /// Lets the uid go without looking for its processes: for a job whose
+    /// cgroups were seen empty at its end ([`JobSandbox::end`]), which
+    /// holds every process the job started (a search of `/proc` per job
+    /// is most of the supervisor's CPU for a short job).
+    ///
+    /// [`JobSandbox::end`]: super::sandbox::JobSandbox::end
+    pub fn release_emptied(self) {
+        self.mark_clean();
+    }
+
+    /// Says in the lock file that no process of the uid is alive, and lets
+    /// the uid go. A failed write leaves the file as the claim made it: the
+    /// next claim searches.
+    fn mark_clean(self) {
+        use std::os::unix::fs::FileExt;
+        if self.lock.write_all_at(CLEAN, 0).is_ok() {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            recent.push_back((self.uid, self.checked));
+        }
     }
 
     /// Kills every process of the uid, waits for them to be gone, and lets
@@ -381,12 +499,73 @@ impl ClaimedUid {
         let deadline = Instant::now() + RELEASE_WAIT;
         loop {
             let left = processes_of(self.uid);
-            if left.is_empty() || Instant::now() > deadline {
+            if left.is_empty() {
+                self.mark_clean();
+                return left;
+            }
+            if Instant::now() > deadline {
                 return left;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// How often a supervisor looks over `/proc` for processes of its range
+/// that no job holds ([`UidPool::sweep`]).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+impl UidPool {
+    /// Looks over `/proc` once for live processes whose uid is in the range
+    /// while no claim holds it (none of ours: something else runs as a uid
+    /// of the range, or escaped its job), and marks each such uid's lock
+    /// file held, so that its next claim searches `/proc` again and waits
+    /// for them. Returns those uids. Blocking.
+    pub fn sweep(&self) -> Vec<u32> {
+        use std::os::unix::fs::FileExt;
+        let mut found = Vec::new();
+        for uid in uids_in_use(self.range) {
+            // None: never claimed here (a claim of it searches anyway), or
+            // a job holds it (its processes are its own).
+            let Some(lock) = self.lock_existing(uid) else {
+                continue;
+            };
+            if released_clean(&lock) && lock.write_all_at(HELD, 0).is_ok() {
+                found.push(uid);
+            }
+        }
+        found
+    }
+}
+
+/// Sweeps `pool` every [`SWEEP_EVERY`] for as long as the task runs.
+pub async fn keep_swept(pool: Arc<UidPool>) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        sweep_now(&pool).await;
+    }
+}
+
+/// Sweeps `pool` once, off the async threads, logging what it finds.
+pub async fn sweep_now(pool: &Arc<UidPool>) {
+    let sweeping = Arc::clone(pool);
+    if let Ok(found) = tokio::task::spawn_blocking(move || sweeping.sweep()).await
+        && !found.is_empty()
+    {
+        tracing::warn!(
+            uids = ?found,
+            "processes run as uids of worker-uids that no job of this supervisor holds; those uids are searched again before they are next handed out (is something else using this range?)"
+        );
+    }
+}
+
+/// The uids of `range` that live processes (not zombies) have as their
+/// real, effective, saved or filesystem uid, from one look over `/proc`.
+fn uids_in_use(range: UidRange) -> std::collections::BTreeSet<u32> {
+    live_processes()
+        .flat_map(|(_, uids)| uids)
+        .filter(|uid| (range.first..=range.last).contains(uid))
+        .collect()
 }
 
 /// Claims a uid from `pool` for a job, waiting while every one is taken,
@@ -395,6 +574,9 @@ pub async fn claim(
     pool: &Arc<UidPool>,
     stop: &CancellationToken,
 ) -> io::Result<Option<ClaimedUid>> {
+    if let Some(claimed) = pool.try_claim_recent() {
+        return Ok(Some(claimed));
+    }
     let mut warned = false;
     loop {
         let trying = Arc::clone(pool);
@@ -554,20 +736,14 @@ mod tests {
         assert!(error.contains("another user"), "{error}");
     }
 
-    /// A process of a uid keeps it out of use; once it is gone the uid is
-    /// handed out; a release kills what the uid left behind.
-    #[tokio::test]
-    async fn a_uid_with_a_live_process_is_not_handed_out_and_a_release_kills_its_processes() {
+    /// `sleep 1000` (after `prefix`, say `setsid`) as `uid`, once it is
+    /// seen among the uid's processes.
+    fn started_as(uid: u32, prefix: &[&str]) -> std::process::Child {
         use std::os::unix::process::CommandExt;
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: running a process as another uid needs root");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let uid = 70301;
-        let pool = pool_in(dir.path(), "70301");
-        let mut stray = std::process::Command::new("sleep")
-            .arg("1000")
+        let mut words: Vec<&str> = prefix.to_vec();
+        words.extend(["sleep", "1000"]);
+        let child = std::process::Command::new(words[0])
+            .args(&words[1..])
             .uid(uid)
             .gid(uid)
             .spawn()
@@ -576,10 +752,25 @@ mod tests {
         while processes_of(uid).is_empty() {
             assert!(
                 waited.elapsed() < Duration::from_secs(30),
-                "the stray never started"
+                "the process of uid {uid} never started"
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+        child
+    }
+
+    /// A process of a uid keeps it out of use; once it is gone the uid is
+    /// handed out; a release kills what the uid left behind.
+    #[tokio::test]
+    async fn a_uid_with_a_live_process_is_not_handed_out_and_a_release_kills_its_processes() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: running a process as another uid needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let uid = 70301;
+        let pool = pool_in(dir.path(), "70301");
+        let mut stray = started_as(uid, &[]);
         let shortage = pool.try_claim().unwrap().unwrap_err();
         assert_eq!(shortage.lingering, vec![uid]);
         let _ = stray.kill();
@@ -591,20 +782,7 @@ mod tests {
         assert_eq!(claimed.uid(), uid);
 
         // A process the job left behind, in a session of its own.
-        let mut left = std::process::Command::new("setsid")
-            .args(["sleep", "1000"])
-            .uid(uid)
-            .gid(uid)
-            .spawn()
-            .unwrap();
-        let waited = Instant::now();
-        while processes_of(uid).is_empty() {
-            assert!(
-                waited.elapsed() < Duration::from_secs(30),
-                "the leftover never started"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut left = started_as(uid, &["setsid"]);
         let launcher = Launcher::spawning_only(tokio::runtime::Handle::current()).unwrap();
         let alive = tokio::task::spawn_blocking(move || claimed.release(&launcher))
             .await
@@ -614,5 +792,183 @@ mod tests {
         let _ = left.wait();
         assert!(alive.is_empty() && !survived, "still alive: {alive:?}");
         assert!(pool.try_claim().unwrap().is_ok());
+    }
+
+    /// A process of a uid let go clean, which no claim holds, is found by
+    /// the sweep, and the uid is searched again (and refused) at its next
+    /// claim; a uid a claim holds is left to its job.
+    #[test]
+    fn the_sweep_has_a_uid_with_a_stray_process_searched_again() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: running a process as another uid needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool_in(dir.path(), "70601-70602");
+        let (a, b) = (
+            pool.try_claim().unwrap().unwrap(),
+            pool.try_claim().unwrap().unwrap(),
+        );
+        let (stray_uid, held_uid) = (a.uid(), b.uid());
+        a.release_emptied();
+        let (mut stray, mut held) = (started_as(stray_uid, &[]), started_as(held_uid, &[]));
+        let found = pool.sweep();
+        let recent = pool.try_claim_recent().map(|c| c.uid());
+        let claimed = pool.try_claim().unwrap().map(|c| c.uid());
+        for child in [&mut stray, &mut held] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        drop(b);
+        assert_eq!(found, vec![stray_uid]);
+        assert_eq!(
+            recent, None,
+            "the swept uid was handed out without a search"
+        );
+        assert!(claimed.is_err(), "{claimed:?}");
+    }
+
+    /// Randomized: threads of two pools (two supervisors) on one claims
+    /// directory claim uids, by a search or from their recent list, and let
+    /// them go clean or drop them, at random. Counts violations: a uid held
+    /// twice at once, or handed out from a recent list when its last claim
+    /// did not end clean. None is allowed.
+    #[test]
+    fn randomized_claims_never_hold_a_uid_twice_nor_trust_a_claim_that_did_not_end_clean() {
+        use rand::{Rng, SeedableRng};
+        use std::collections::{HashMap, HashSet};
+        use std::sync::Mutex;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let pools = [
+            Arc::new(pool_in(dir.path(), "70700-70704")),
+            Arc::new(pool_in(dir.path(), "70700-70704")),
+        ];
+        let held = Arc::new(Mutex::new(HashSet::new()));
+        // Per uid: whether its last claim ended clean.
+        let ended_clean = Arc::new(Mutex::new(HashMap::new()));
+        let violations = Arc::new(AtomicUsize::new(0));
+        let claims = Arc::new(AtomicUsize::new(0));
+        let seed: u64 = rand::random();
+        println!("seed {seed}");
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let pools = pools.clone();
+                let (held, ended_clean) = (Arc::clone(&held), Arc::clone(&ended_clean));
+                let (violations, claims) = (Arc::clone(&violations), Arc::clone(&claims));
+                std::thread::spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ t);
+                    for _ in 0..300 {
+                        let pool = &pools[rng.random_range(0..2)];
+                        let from_recent = rng.random_bool(0.5);
+                        let claimed = if from_recent {
+                            pool.try_claim_recent()
+                        } else {
+                            pool.try_claim().unwrap().ok()
+                        };
+                        let Some(claimed) = claimed else {
+                            continue;
+                        };
+                        claims.fetch_add(1, Ordering::SeqCst);
+                        let uid = claimed.uid();
+                        if !held.lock().unwrap().insert(uid) {
+                            violations.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if from_recent && ended_clean.lock().unwrap().get(&uid) != Some(&true) {
+                            violations.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if rng.random_bool(0.5) {
+                            std::thread::yield_now();
+                        }
+                        let clean = rng.random_bool(0.5);
+                        ended_clean.lock().unwrap().insert(uid, clean);
+                        held.lock().unwrap().remove(&uid);
+                        if clean {
+                            claimed.release_emptied();
+                        } else {
+                            drop(claimed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let claims = claims.load(Ordering::SeqCst);
+        assert!(claims > 100, "only {claims} claims were made (seed {seed})");
+        assert_eq!(
+            violations.load(Ordering::SeqCst),
+            0,
+            "violations in {claims} claims (seed {seed})"
+        );
+    }
+
+    /// A uid this process let go clean is claimed again first, without a
+    /// search; one claimed elsewhere meanwhile, or let go any other way, is
+    /// not.
+    #[test]
+    fn a_uid_let_go_clean_is_claimed_again_first_and_only_while_free_and_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = pool_in(dir.path(), "70500");
+        let two = pool_in(dir.path(), "70500");
+        let first = one.try_claim().unwrap().unwrap();
+        let uid = first.uid();
+        first.release_emptied();
+        let again = one.try_claim_recent().expect("the uid let go clean");
+        assert_eq!(again.uid(), uid);
+        // Dropped without a clean release: not offered again.
+        drop(again);
+        assert!(one.try_claim_recent().is_none());
+        // Let go clean, then held by another supervisor: not offered.
+        let third = one.try_claim().unwrap().unwrap();
+        let uid = third.uid();
+        third.release_emptied();
+        let other = two.try_claim().unwrap().expect("the uid is free");
+        assert_eq!(other.uid(), uid);
+        assert!(one.try_claim_recent().is_none());
+        drop(other);
+    }
+
+    /// A uid let go clean is handed out again without a search of `/proc`
+    /// (a process of it started afterwards, which no job of ours could
+    /// have left, goes unseen); a claim that ended any other way (its
+    /// holder dropped it, as a killed supervisor does) leaves the next
+    /// claim to search.
+    #[test]
+    fn a_uid_let_go_clean_is_claimed_without_a_search_and_any_other_end_is_searched() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: running a process as another uid needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let uid = 70401;
+        let pool = pool_in(dir.path(), "70401");
+        let lock = dir.path().join("uids").join(format!("{uid}.lock"));
+        pool.try_claim().unwrap().unwrap().release_emptied();
+        assert_eq!(std::fs::read(&lock).unwrap(), CLEAN);
+        let mut stray = started_as(uid, &[]);
+        let trusted = pool.try_claim().unwrap();
+        // The claim marks the file held: dropped (not let go clean), it
+        // leaves the uid to be searched.
+        let marked = std::fs::read(&lock).unwrap();
+        let trusted = trusted.map(drop);
+        let searched = pool.try_claim().unwrap();
+        let _ = stray.kill();
+        let _ = stray.wait();
+        assert!(
+            trusted.is_ok(),
+            "a uid let go clean was searched for processes"
+        );
+        assert_eq!(marked, HELD);
+        assert!(
+            searched.is_err(),
+            "a uid whose last claim was dropped was handed out with a process alive"
+        );
+        let claimed = pool
+            .try_claim()
+            .unwrap()
+            .expect("free once the stray is gone");
+        drop(claimed);
     }
 }

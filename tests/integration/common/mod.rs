@@ -936,6 +936,7 @@ pub struct SupervisorBuilder {
     user: Option<String>,
     workers: Vec<(String, String)>,
     dir: tempfile::TempDir,
+    without_cgroups: bool,
 }
 
 impl Supervisor {
@@ -964,6 +965,7 @@ impl Supervisor {
             user: nix::unistd::geteuid().is_root().then(|| "root".to_string()),
             workers: Vec::new(),
             dir,
+            without_cgroups: false,
         }
     }
 
@@ -1109,6 +1111,13 @@ impl SupervisorBuilder {
         self
     }
 
+    /// Runs it where it finds no cgroups: in a mount namespace of its own
+    /// with an empty tmpfs over `/sys/fs/cgroup` (needs root).
+    pub fn without_cgroups(mut self) -> Self {
+        self.without_cgroups = true;
+        self
+    }
+
     /// A worker script (made executable) in the worker directory.
     pub fn worker(mut self, name: &str, script: &str) -> Self {
         self.workers.push((name.to_string(), script.to_string()));
@@ -1175,6 +1184,38 @@ impl SupervisorBuilder {
             .stdin(Stdio::null());
         if let Some(user) = &self.user {
             command.arg("--user").arg(user);
+        }
+        if self.without_cgroups {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only system calls on static strings, between fork and
+            // exec.
+            unsafe {
+                command.pre_exec(|| {
+                    use nix::libc;
+                    let check = |r: libc::c_int| {
+                        if r < 0 {
+                            Err(std::io::Error::last_os_error())
+                        } else {
+                            Ok(())
+                        }
+                    };
+                    check(libc::unshare(libc::CLONE_NEWNS))?;
+                    check(libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ))?;
+                    check(libc::mount(
+                        c"none".as_ptr(),
+                        c"/sys/fs/cgroup".as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        0,
+                        std::ptr::null(),
+                    ))
+                });
+            }
         }
         let mut child = command.spawn().expect("spawn jobmgr supervisor");
         let stdout = child.stdout.take().expect("stdout");

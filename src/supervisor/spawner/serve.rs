@@ -1,0 +1,622 @@
+//! The spawner process itself: a single-threaded loop, forked from the
+//! supervisor before any thread exists, that starts workers on request,
+//! reaps them (and, as a subreaper, whatever they orphan), reports their
+//! exits, and, when the supervisor dies, kills every job it holds and every
+//! process descended from it before it exits.
+//!
+//! Forking from this small process copies few page tables and wakes no
+//! other thread, which is what makes a spawn here cheap; the steps between
+//! fork and exec are the sandbox's own ([`ChildSetup::apply`]).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::libc;
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+
+use super::protocol::{MAX_RECORD, Reply, Request, SpawnRequest};
+use crate::supervisor::sandbox::{ChildSetup, Credentials, MountStrings};
+
+/// The signals a terminal or a service manager sends the supervisor's whole
+/// process group: the spawner outlives them, so that the supervisor's
+/// drain can let its jobs finish. Workers get them back at their default.
+const IGNORED: [libc::c_int; 7] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGTSTP,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// How long the spawner tries, once the supervisor is gone, to see every
+/// process it holds dead.
+const DYING_WAIT: Duration = Duration::from_secs(10);
+
+/// A job as the spawner holds it: what to kill should the supervisor die.
+struct Held {
+    /// The worker's pid (its process group), 0 until started.
+    pgid: i32,
+    cgroups: Vec<PathBuf>,
+}
+
+struct Spawner {
+    sock: OwnedFd,
+    signals: OwnedFd,
+    death_signal: libc::c_int,
+    me: i32,
+    jobs: HashMap<u64, Held>,
+    /// Live workers: pid → request id.
+    workers: HashMap<i32, u64>,
+    /// Live uid-killing helpers: pid → request id.
+    killers: HashMap<i32, u64>,
+    /// The workers' children's stack, until their exec.
+    stack: Vec<u8>,
+}
+
+/// The spawner's life. `supervisor` is the pid of the process it serves,
+/// `sock` its end of the socket pair. Never returns.
+pub(super) fn serve(sock: OwnedFd, supervisor: i32) -> ! {
+    // SAFETY (for the set-up): signal dispositions, masks and prctls of this
+    // single-threaded process.
+    let (signals, death_signal) = unsafe {
+        for sig in IGNORED {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"jobmgr-spawner".as_ptr(), 0, 0, 0);
+        // Orphans of workers come here, to be reaped and, at the end, killed.
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        let death_signal = libc::SIGRTMIN();
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut mask);
+        libc::sigaddset(&mut mask, libc::SIGCHLD);
+        libc::sigaddset(&mut mask, death_signal);
+        libc::sigprocmask(libc::SIG_BLOCK, &mask, std::ptr::null_mut());
+        let fd = libc::signalfd(-1, &mask, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        libc::prctl(libc::PR_SET_PDEATHSIG, death_signal, 0, 0, 0);
+        (fd, death_signal)
+    };
+    let mut spawner = Spawner {
+        sock,
+        // SAFETY: a descriptor just made and owned by nothing else (or -1,
+        // checked below).
+        signals: unsafe { OwnedFd::from_raw_fd(signals.max(0)) },
+        death_signal,
+        me: std::process::id() as i32,
+        jobs: HashMap::new(),
+        workers: HashMap::new(),
+        killers: HashMap::new(),
+        stack: vec![0; CHILD_STACK],
+    };
+    if signals < 0 || nix::unistd::getppid().as_raw() != supervisor {
+        // No way to learn of children or of the supervisor's death, or the
+        // supervisor is gone already.
+        spawner.die();
+    }
+    // Its stdin and stdout are the supervisor's: let go of them, so that
+    // whoever reads the supervisor's stdout sees it end with it.
+    if let Ok(null) = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in [0, 1] {
+            // SAFETY: dup2 onto the standard descriptors of this process.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+    spawner.run()
+}
+
+impl Spawner {
+    fn run(&mut self) -> ! {
+        let mut record = vec![0u8; MAX_RECORD];
+        loop {
+            let mut polled = [
+                libc::pollfd {
+                    fd: self.sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.signals.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds.
+            let ready = unsafe { libc::poll(polled.as_mut_ptr(), 2, -1) };
+            if ready < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.die();
+            }
+            if polled[1].revents != 0 && self.signalled() {
+                self.die();
+            }
+            if polled[0].revents != 0 {
+                match self.receive(&mut record) {
+                    Some((request, fds)) => self.handle(request, fds),
+                    None => self.die(),
+                }
+            }
+        }
+    }
+
+    /// Reads the signals; reaps what ended. True when the supervisor died.
+    fn signalled(&mut self) -> bool {
+        let mut died = false;
+        loop {
+            // SAFETY: a zeroed siginfo is a valid buffer for signalfd.
+            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<libc::signalfd_siginfo>();
+            // SAFETY: reads into `info`, of its own size.
+            let read = unsafe {
+                libc::read(
+                    self.signals.as_raw_fd(),
+                    (&mut info as *mut libc::signalfd_siginfo).cast(),
+                    size,
+                )
+            };
+            if read != size as isize {
+                break;
+            }
+            if info.ssi_signo as libc::c_int == self.death_signal {
+                died = true;
+            }
+        }
+        self.reap();
+        died
+    }
+
+    /// Reaps every child that ended, reporting workers and helpers.
+    fn reap(&mut self) {
+        loop {
+            let mut status = 0;
+            // SAFETY: waits on any child without blocking.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid <= 0 {
+                return;
+            }
+            if let Some(id) = self.workers.remove(&pid) {
+                // Its pid may be another's soon: what is left of its group
+                // is found below this subreaper, or in its cgroups.
+                if let Some(held) = self.jobs.get_mut(&id) {
+                    held.pgid = 0;
+                }
+                self.reply(Reply::Exited { id, status });
+            } else if let Some(id) = self.killers.remove(&pid) {
+                self.reply(Reply::UidKilled { id, status });
+            }
+        }
+    }
+
+    /// One request and its descriptors; `None` when the supervisor is gone
+    /// (end of the socket) or the socket failed.
+    fn receive(&mut self, record: &mut [u8]) -> Option<(std::io::Result<Request>, Vec<OwnedFd>)> {
+        // Room for as many descriptors as one message may carry (the
+        // kernel's SCM_MAX_FD), so that a sender can never leave some
+        // installed here but cut from what this reads (a leak).
+        let mut space = nix::cmsg_space!([RawFd; 253]);
+        let mut iov = [IoSliceMut::new(record)];
+        let (bytes, fds, cut) = loop {
+            match recvmsg::<()>(
+                self.sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(msg) => {
+                    let mut fds = Vec::new();
+                    if let Ok(cmsgs) = msg.cmsgs() {
+                        for cmsg in cmsgs {
+                            if let ControlMessageOwned::ScmRights(received) = cmsg {
+                                // SAFETY: the kernel just gave us these.
+                                fds.extend(
+                                    received
+                                        .into_iter()
+                                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                                );
+                            }
+                        }
+                    }
+                    let cut = msg
+                        .flags
+                        .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+                    break (msg.bytes, fds, cut);
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return None,
+            }
+        };
+        if bytes == 0 {
+            return None;
+        }
+        let request = if cut {
+            Err(std::io::Error::other("a spawner request was cut short"))
+        } else {
+            Request::decode(&iov[0][..bytes])
+        };
+        Some((request, fds))
+    }
+
+    fn handle(&mut self, request: std::io::Result<Request>, fds: Vec<OwnedFd>) {
+        match request {
+            Ok(Request::Spawn(spawn)) => {
+                let id = spawn.id;
+                self.jobs.insert(
+                    id,
+                    Held {
+                        pgid: 0,
+                        cgroups: spawn
+                            .cgroups
+                            .iter()
+                            .map(|c| PathBuf::from(std::ffi::OsStr::from_bytes(c)))
+                            .collect(),
+                    },
+                );
+                match spawn_worker(&spawn, &fds, self.me, &mut self.stack) {
+                    Ok(pid) => {
+                        if let Some(held) = self.jobs.get_mut(&id) {
+                            held.pgid = pid;
+                        }
+                        self.workers.insert(pid, id);
+                        self.reply(Reply::Started { id, pid });
+                    }
+                    Err(errno) => {
+                        self.jobs.remove(&id);
+                        self.reply(Reply::NotStarted { id, errno });
+                    }
+                }
+            }
+            Ok(Request::Ended { id }) => {
+                self.jobs.remove(&id);
+            }
+            Ok(Request::KillUid { id, uid }) => match kill_uid(uid) {
+                Ok(pid) => {
+                    self.killers.insert(pid, id);
+                }
+                Err(errno) => self.reply(Reply::UidKilled { id, status: -errno }),
+            },
+            // A request this spawner cannot read: nothing to answer it by.
+            Err(error) => eprintln!("jobmgr-spawner: {error}"),
+        }
+    }
+
+    fn reply(&mut self, reply: Reply) {
+        let record = reply.encode();
+        loop {
+            match sendmsg::<()>(
+                self.sock.as_raw_fd(),
+                &[IoSlice::new(&record)],
+                &[],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            ) {
+                Ok(_) => return,
+                Err(nix::errno::Errno::EINTR) => continue,
+                // The supervisor is gone.
+                Err(_) => self.die(),
+            }
+        }
+    }
+
+    /// The supervisor is gone: kill every job's process group and cgroups,
+    /// then every process still descended from this one (what left its
+    /// group or session, with or without cgroups, is an orphan of a worker
+    /// and so a child of this subreaper, or below one), and exit.
+    fn die(&mut self) -> ! {
+        for held in self.jobs.values() {
+            if held.pgid > 1 {
+                // SAFETY: a signal to a process group this spawner made.
+                unsafe { libc::kill(-held.pgid, libc::SIGKILL) };
+            }
+        }
+        // Every job's cgroups at once: one stuck process (in D state) must
+        // not hold back the kill of the other jobs.
+        let dirs: Vec<PathBuf> = self
+            .jobs
+            .values()
+            .flat_map(|held| held.cgroups.iter().cloned())
+            .collect();
+        crate::supervisor::cgroup::kill_dirs(&dirs);
+        kill_descendants(self.me, DYING_WAIT);
+        std::process::exit(0)
+    }
+}
+
+/// SIGKILLs every descendant of `me` and reaps them, until none is left or
+/// `wait` has passed.
+pub(super) fn kill_descendants(me: i32, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    loop {
+        loop {
+            let mut status = 0;
+            // SAFETY: reaps any ended child without blocking.
+            if unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } <= 0 {
+                break;
+            }
+        }
+        let below = descendants(me);
+        if below.is_empty() {
+            return;
+        }
+        for pid in below {
+            // SAFETY: a signal to a process below this one.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Every live (not zombie) process below `me`, from `/proc`.
+fn descendants(me: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<(i32, bool)>> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let zombie = matches!(fields.next(), Some("Z" | "X"));
+        if let Some(Ok(ppid)) = fields.next().map(str::parse::<i32>) {
+            children.entry(ppid).or_default().push((pid, zombie));
+        }
+    }
+    let mut found = Vec::new();
+    let mut queue = vec![me];
+    while let Some(parent) = queue.pop() {
+        for &(pid, zombie) in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+            if !zombie {
+                found.push(pid);
+            }
+            queue.push(pid);
+        }
+    }
+    found
+}
+
+fn c_string(bytes: &[u8]) -> Result<CString, i32> {
+    CString::new(bytes).map_err(|_| libc::EINVAL)
+}
+
+/// The stack a worker's child runs on until its exec (see
+/// [`spawn_worker`]): one at a time, since this process waits for each
+/// exec, so one stack serves them all.
+const CHILD_STACK: usize = 256 * 1024;
+
+/// What the child of [`spawn_worker`] is given.
+struct ChildArgs<'a> {
+    sources: &'a [RawFd; 4],
+    cwd: &'a CString,
+    setup: &'a ChildSetup,
+    program: &'a CString,
+    argv: &'a [*const libc::c_char],
+    env: &'a [*const libc::c_char],
+    errors: RawFd,
+}
+
+/// The child's entry point: the worker's steps, then its exec.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildArgs` that `spawn_worker` passed, alive
+    // until the child execs or exits (the parent waits for that).
+    unsafe {
+        let args = &*(arg as *const ChildArgs<'_>);
+        exec_worker(
+            args.sources,
+            args.cwd,
+            args.setup,
+            args.program,
+            args.argv,
+            args.env,
+            args.errors,
+        )
+    }
+}
+
+/// Starts one worker: everything allocated first, then a child that shares
+/// this process's memory until its exec (`clone` with `CLONE_VM` and
+/// `CLONE_VFORK`, as `posix_spawn` does: no page tables are copied, and
+/// this process sleeps until the exec); the child takes its descriptors,
+/// its own session, its working directory and the sandbox's steps, then
+/// execs. Returns its pid, or the errno of the step that failed (reported
+/// by the child over a close-on-exec pipe).
+fn spawn_worker(
+    spawn: &SpawnRequest,
+    fds: &[OwnedFd],
+    me: i32,
+    stack: &mut [u8],
+) -> Result<i32, i32> {
+    if fds.len() != 4 + usize::from(spawn.landlock) {
+        return Err(libc::EBADF);
+    }
+    let program = c_string(&spawn.program)?;
+    let mut argv = vec![program.clone()];
+    for arg in &spawn.args {
+        argv.push(c_string(arg)?);
+    }
+    let env = spawn
+        .env
+        .iter()
+        .map(|e| c_string(e))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+    let cwd = c_string(&spawn.cwd)?;
+    let setup = ChildSetup {
+        procs: spawn
+            .procs
+            .iter()
+            .map(|p| c_string(p))
+            .collect::<Result<_, _>>()?,
+        rlimits: spawn.rlimits.clone(),
+        umask: spawn.umask,
+        credentials: spawn.credentials.as_ref().map(|c| Credentials {
+            name: String::new(),
+            uid: c.uid,
+            gid: c.gid,
+            groups: c.groups.clone(),
+        }),
+        no_network: spawn.no_network,
+        private_tmp: spawn.private_tmp,
+        landlock: spawn.landlock.then(|| fds[4].as_raw_fd()),
+        parent: me,
+        strings: MountStrings::new(),
+    };
+    let sources = [
+        fds[0].as_raw_fd(),
+        fds[1].as_raw_fd(),
+        fds[2].as_raw_fd(),
+        fds[3].as_raw_fd(),
+    ];
+    let (errors_read, errors_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e as i32)?;
+    let args = ChildArgs {
+        sources: &sources,
+        cwd: &cwd,
+        setup: &setup,
+        program: &program,
+        argv: &argv_ptrs,
+        env: &env_ptrs,
+        errors: errors_write.as_raw_fd(),
+    };
+    // The stack grows down from its 16-byte-aligned top.
+    let top = {
+        let end = stack.as_mut_ptr_range().end as usize;
+        (end & !15) as *mut libc::c_void
+    };
+    // SAFETY: this process has one thread and sleeps until the child execs
+    // or exits (CLONE_VFORK); the child runs on its own stack and only
+    // makes system calls on what was prepared above, allocating nothing.
+    let cloned = unsafe {
+        libc::clone(
+            child_main,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&args as *const ChildArgs<'_>).cast_mut().cast(),
+        )
+    };
+    match cloned {
+        -1 => Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EAGAIN)),
+        pid => {
+            drop(errors_write);
+            let mut errno = [0u8; 4];
+            let read = loop {
+                // SAFETY: reads into `errno`, of its own size.
+                let read =
+                    unsafe { libc::read(errors_read.as_raw_fd(), errno.as_mut_ptr().cast(), 4) };
+                if read < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                    continue;
+                }
+                break read;
+            };
+            if read == 4 {
+                let mut status = 0;
+                // SAFETY: reaps the child that failed before its exec.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                return Err(i32::from_ne_bytes(errno));
+            }
+            Ok(pid)
+        }
+    }
+}
+
+/// The child's side of [`spawn_worker`].
+///
+/// # Safety
+/// Call only in the child of a fork or of a `CLONE_VM | CLONE_VFORK`
+/// clone; it never returns.
+unsafe fn exec_worker(
+    sources: &[RawFd; 4],
+    cwd: &CString,
+    setup: &ChildSetup,
+    program: &CString,
+    argv: &[*const libc::c_char],
+    env: &[*const libc::c_char],
+    errors: RawFd,
+) -> ! {
+    // SAFETY: plain system calls on values prepared before the fork.
+    unsafe {
+        let fail = |errno: i32| -> ! {
+            let bytes = errno.to_ne_bytes();
+            libc::write(errors, bytes.as_ptr().cast(), 4);
+            libc::_exit(127)
+        };
+        let last = || {
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
+        };
+        // A session of its own first, while signals are still blocked: a
+        // stop signal to the supervisor's terminal group (Ctrl-Z) must not
+        // stop it before its exec, with the spawner waiting for that exec.
+        if libc::setsid() < 0 {
+            fail(last());
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        for sig in IGNORED {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // The sources are all above 2 (0, 1 and 2 are this process's own),
+        // so only fd 3 can be both a source and a target, and it is the
+        // last target.
+        for (target, &source) in sources.iter().enumerate() {
+            let target = target as RawFd;
+            let done = if source == target {
+                libc::fcntl(target, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(source, target)
+            };
+            if done < 0 {
+                fail(last());
+            }
+        }
+        if libc::chdir(cwd.as_ptr()) < 0 {
+            fail(last());
+        }
+        if let Err(error) = setup.apply() {
+            fail(error.raw_os_error().unwrap_or(libc::EPERM));
+        }
+        libc::execve(program.as_ptr(), argv.as_ptr(), env.as_ptr());
+        fail(last())
+    }
+}
+
+/// Forks the helper that kills every process of `uid`; returns its pid.
+fn kill_uid(uid: u32) -> Result<i32, i32> {
+    if uid == 0 {
+        return Err(libc::EPERM);
+    }
+    // SAFETY: the child makes only system calls and ends itself.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EAGAIN)),
+        0 => unsafe { crate::supervisor::uids::kill_every_process_as(uid) },
+        pid => Ok(pid),
+    }
+}
