@@ -689,6 +689,18 @@ mod tests {
         UidPool::open(UidRange::parse(range).unwrap(), &dir.join("uids"), true).unwrap()
     }
 
+    /// A pool of `range` in a fresh directory, for a test that runs
+    /// processes as other uids; `None` (the skip said) unless root.
+    fn pool_as_root(range: &str) -> Option<(tempfile::TempDir, UidPool)> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: running a process as another uid needs root");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pool = pool_in(dir.path(), range);
+        Some((dir, pool))
+    }
+
     #[test]
     fn a_claimed_uid_is_not_claimed_again_until_it_is_released() {
         let dir = tempfile::tempdir().unwrap();
@@ -763,13 +775,10 @@ mod tests {
     /// handed out; a release kills what the uid left behind.
     #[tokio::test]
     async fn a_uid_with_a_live_process_is_not_handed_out_and_a_release_kills_its_processes() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: running a process as another uid needs root");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
         let uid = 70301;
-        let pool = pool_in(dir.path(), "70301");
+        let Some((_dir, pool)) = pool_as_root("70301") else {
+            return;
+        };
         let mut stray = started_as(uid, &[]);
         let shortage = pool.try_claim().unwrap().unwrap_err();
         assert_eq!(shortage.lingering, vec![uid]);
@@ -799,12 +808,9 @@ mod tests {
     /// claim; a uid a claim holds is left to its job.
     #[test]
     fn the_sweep_has_a_uid_with_a_stray_process_searched_again() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: running a process as another uid needs root");
+        let Some((_dir, pool)) = pool_as_root("70601-70602") else {
             return;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let pool = pool_in(dir.path(), "70601-70602");
+        };
         let (a, b) = (
             pool.try_claim().unwrap().unwrap(),
             pool.try_claim().unwrap().unwrap(),
@@ -937,13 +943,10 @@ mod tests {
     /// claim to search.
     #[test]
     fn a_uid_let_go_clean_is_claimed_without_a_search_and_any_other_end_is_searched() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: running a process as another uid needs root");
-            return;
-        }
-        let dir = tempfile::tempdir().unwrap();
         let uid = 70401;
-        let pool = pool_in(dir.path(), "70401");
+        let Some((dir, pool)) = pool_as_root("70401") else {
+            return;
+        };
         let lock = dir.path().join("uids").join(format!("{uid}.lock"));
         pool.try_claim().unwrap().unwrap().release_emptied();
         assert_eq!(std::fs::read(&lock).unwrap(), CLEAN);
