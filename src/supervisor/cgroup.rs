@@ -53,6 +53,9 @@ pub struct JobCgroup {
     /// `cgroup.procs` files the worker joins.
     procs: Vec<PathBuf>,
     unified: Option<PathBuf>,
+    /// Whether the v2 directory has the memory controller (and so a
+    /// `memory.events` to read for an out-of-memory kill).
+    memory_v2: bool,
     memory_v1: Option<PathBuf>,
 }
 
@@ -231,6 +234,7 @@ impl Cgroups {
             removed: std::sync::atomic::AtomicBool::new(false),
             procs: Vec::new(),
             unified: None,
+            memory_v2: false,
             memory_v1: None,
         };
         if let Some(base) = &self.unified {
@@ -244,6 +248,7 @@ impl Cgroups {
                             write(&dir.join("memory.max"), &max.to_string())?;
                             let _ = write(&dir.join("memory.swap.max"), "0");
                         }
+                        job.memory_v2 = true;
                     }
                     "pids" => {
                         if let Some(max) = limits.pids_max {
@@ -323,18 +328,22 @@ impl JobCgroup {
             })
     }
 
-    /// Whether every one of the job's cgroups holds no process now (v2:
-    /// `cgroup.events` says `populated 0`; v1: `cgroup.procs` is empty),
-    /// read without blocking; false if any cannot be read.
+    /// Whether the job's cgroups hold no process now, read without
+    /// blocking; false if it cannot be read. With a v2 directory, its
+    /// `cgroup.events` saying `populated 0` is enough: every process of the
+    /// job is in it as in the v1 ones (the worker joins them all before its
+    /// exec, its children are born in them, and none can move itself out),
+    /// and it counts a process until its exit, where a v1 `cgroup.procs`
+    /// leaves out tasks that are exiting. Without one, every v1
+    /// `cgroup.procs` must be empty.
     pub fn seen_empty(&self) -> bool {
+        if let Some(dir) = &self.unified {
+            return fs::read_to_string(dir.join("cgroup.events"))
+                .is_ok_and(|events| events.lines().any(|l| l == "populated 0"));
+        }
         self.dirs.iter().all(|dir| {
-            if Some(dir) == self.unified.as_ref() {
-                fs::read_to_string(dir.join("cgroup.events"))
-                    .is_ok_and(|events| events.lines().any(|l| l == "populated 0"))
-            } else {
-                fs::read_to_string(dir.join("cgroup.procs"))
-                    .is_ok_and(|pids| pids.split_whitespace().next().is_none())
-            }
+            fs::read_to_string(dir.join("cgroup.procs"))
+                .is_ok_and(|pids| pids.split_whitespace().next().is_none())
         })
     }
 
@@ -371,7 +380,7 @@ impl JobCgroup {
                 })
             })
         };
-        if let Some(dir) = &self.unified
+        if let Some(dir) = self.unified.as_ref().filter(|_| self.memory_v2)
             && count(dir.join("memory.events"), "oom_kill ").is_some_and(|n| n > 0)
         {
             return true;

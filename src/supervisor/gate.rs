@@ -3,9 +3,9 @@
 //! available, optionally the CPU pressure (PSI `some avg10`, which does not
 //! lag as the load average does), a hard cap on concurrent workers, and a
 //! ramp that lets concurrency grow only step by step, because the load
-//! average lags behind the work just started. Load and memory are read
-//! through `sysinfo`, or from files in `/proc` format when told (lxcfs in
-//! containers, tests).
+//! average lags behind the work just started. The load is read through
+//! `sysinfo` and memory from `/proc/meminfo`, or both from files in `/proc`
+//! format when told (lxcfs in containers, tests).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -33,21 +33,21 @@ pub trait LoadSource: Send + Sync {
 
 /// The kernel's load average file, read through `sysinfo`.
 pub const LOADAVG: &str = "/proc/loadavg";
-/// The kernel's memory file, read through `sysinfo`.
+/// The kernel's memory file.
 pub const MEMINFO: &str = "/proc/meminfo";
 /// The kernel's CPU pressure file (PSI), where the kernel has it.
 pub const CPU_PRESSURE: &str = "/proc/pressure/cpu";
 
-/// The machine's readings: load and available memory through `sysinfo`
-/// (the same values as `/proc/loadavg` and `/proc/meminfo`'s
-/// `MemAvailable`), or from other files in their format (as lxcfs provides
+/// The machine's readings: the load through `sysinfo` (the same value as
+/// `/proc/loadavg`) and `/proc/meminfo`'s `MemAvailable`, or from other
+/// files in their format (as lxcfs provides
 /// in containers, and tests write); CPU pressure from a file in
 /// `/proc/pressure/cpu` format, when asked for.
 #[derive(Debug, Clone)]
 pub struct ProcLoad {
     /// A file in `/proc/loadavg` format; [`LOADAVG`] means "through sysinfo".
     pub loadavg: PathBuf,
-    /// A file in `/proc/meminfo` format; [`MEMINFO`] means "through sysinfo".
+    /// A file in `/proc/meminfo` format ([`MEMINFO`] by default).
     pub meminfo: PathBuf,
     /// A file in `/proc/pressure/cpu` format, read only when set (the
     /// pressure gate is on); missing, it gives no reading.
@@ -96,11 +96,8 @@ impl ProcLoad {
     }
 
     fn available_memory(&self) -> std::io::Result<u64> {
-        if self.meminfo == Path::new(MEMINFO) {
-            let mut system = sysinfo::System::new();
-            system.refresh_memory();
-            return Ok(system.available_memory());
-        }
+        // Read directly, `/proc/meminfo` included: a `sysinfo::System` made
+        // for each reading cost more than the rest of the gate's check.
         let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
         let meminfo = std::fs::read_to_string(&self.meminfo)?;
         let available_kib = meminfo

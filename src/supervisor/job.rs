@@ -29,6 +29,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// A job to run.
 pub(super) struct JobTask {
+    /// Its place under `--max-workers`, given back once its worker is gone,
+    /// before the report.
+    pub slot: Option<super::slots::Slot>,
     pub shared: Arc<Shared>,
     pub generation: Arc<Generation>,
     pub job: LeasedJob,
@@ -73,7 +76,7 @@ impl JobTask {
             .is_some_and(|r| !r.is_empty())
     }
 
-    async fn run_job(self, on_board: Arc<super::status::OnBoard>) {
+    async fn run_job(mut self, on_board: Arc<super::status::OnBoard>) {
         let attempt = self.attempt();
         let started = std::time::Instant::now();
         let retry = self.job_settings().retry;
@@ -94,6 +97,9 @@ impl JobTask {
                 (report::decide_not_run(&why, facts, &retry), None)
             }
         };
+        // Nothing of the worker is left: the next job may start while this
+        // one's report is on its way.
+        drop(self.slot.take());
         let elapsed = started.elapsed();
         let handed_back = no_worker
             && matches!(

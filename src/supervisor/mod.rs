@@ -22,6 +22,7 @@ pub mod sandbox;
 pub mod schedule;
 pub mod scratch;
 pub mod settings;
+pub mod slots;
 pub mod spawner;
 pub mod spool;
 pub mod status;
@@ -459,7 +460,9 @@ impl Supervisor {
         )));
 
         let mut gate = Gate::new(settings.gate);
+        // Jobs until reported; `slots`, until their workers are gone.
         let mut workers: JoinSet<()> = JoinSet::new();
+        let worker_slots = Arc::new(slots::Slots::default());
         // Fetches abandoned on a signal, each handing back what it brings.
         let mut abandoned: JoinSet<()> = JoinSet::new();
         let running =
@@ -523,7 +526,8 @@ impl Supervisor {
                 settings.gate.max_load,
                 settings.gate.max_workers,
             );
-            let checked = gate.check(workers.len(), self.load.as_ref(), Instant::now());
+            let busy = worker_slots.busy(workers.len(), settings.gate.max_workers);
+            let checked = gate.check(busy, self.load.as_ref(), Instant::now());
             let sample = gate.last_sample();
             let state = checked
                 .as_ref()
@@ -539,11 +543,15 @@ impl Supervisor {
                 Ok(slots) => {
                     if let Some(reason) = last_closed.take() {
                         if matches!(reason, "full" | "ramp") {
-                            tracing::debug!(was = reason, running = workers.len(), "gate open");
+                            tracing::debug!(
+                                was = reason,
+                                running = worker_slots.taken(),
+                                "gate open"
+                            );
                         } else {
                             tracing::info!(
                                 was = reason,
-                                running = workers.len(),
+                                running = worker_slots.taken(),
                                 "gate open: taking jobs again"
                             );
                         }
@@ -558,15 +566,15 @@ impl Supervisor {
                             closed,
                             gate::Closed::Full { .. } | gate::Closed::Ramp { .. }
                         ) {
-                            tracing::debug!(reason = %closed, running = workers.len(), "gate closed: not taking jobs");
+                            tracing::debug!(reason = %closed, running = worker_slots.taken(), "gate closed: not taking jobs");
                         } else {
-                            tracing::info!(reason = %closed, running = workers.len(), "gate closed: not taking jobs");
+                            tracing::info!(reason = %closed, running = worker_slots.taken(), "gate closed: not taking jobs");
                         }
                         last_closed = Some(closed.name());
                     }
                     if last_presence.elapsed() >= settings.poll_wait.max(Duration::from_secs(1)) {
                         last_presence = Instant::now();
-                        presence.running = u32::try_from(workers.len()).unwrap_or(u32::MAX);
+                        presence.running = u32::try_from(worker_slots.taken()).unwrap_or(u32::MAX);
                         presence.capacity =
                             u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX);
                         presence.load = sample.map(|s| s.load1);
@@ -576,6 +584,7 @@ impl Supervisor {
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = worker_slots.freed() => {}
                         Some(_) = workers.join_next(), if !workers.is_empty() => {}
                         message = control.recv() => {
                             if let Some(exit) = self.on_control(message, &mut quiet, &mut gate, &mut scheduler) {
@@ -591,7 +600,7 @@ impl Supervisor {
                 Some(max) => slots.min((max - started) as usize),
                 None => slots,
             };
-            presence.running = u32::try_from(workers.len()).unwrap_or(u32::MAX);
+            presence.running = u32::try_from(worker_slots.taken()).unwrap_or(u32::MAX);
             presence.capacity = u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX);
             presence.load = sample.map(|s| s.load1);
             last_presence = Instant::now();
@@ -651,6 +660,7 @@ impl Supervisor {
                     for leased in jobs {
                         started += 1;
                         let task = job::JobTask {
+                            slot: Some(worker_slots.take()),
                             shared: Arc::clone(&shared),
                             generation: self.generation(),
                             job: leased,

@@ -12,6 +12,7 @@ mod record;
 pub mod reports;
 mod rules;
 mod scheduler;
+mod serving;
 mod steps;
 mod sweeper;
 pub mod throttles;
@@ -98,6 +99,10 @@ struct Inner {
     /// Runs between a claim's commit and its answer, to script races.
     #[cfg(test)]
     claim_hook: Mutex<Option<ClaimHook>>,
+    /// Whether commits serve sleeping requests (see `serving`); tests of
+    /// the wake-up path for requests that are not asleep turn it off.
+    #[cfg(test)]
+    serve_sleepers: std::sync::atomic::AtomicBool,
 }
 
 /// A test's hook on claims: given the number of jobs a committed claim
@@ -110,6 +115,20 @@ type ClaimHook = Arc<dyn Fn(usize) -> crate::future::BoxFuture<'static, ()> + Se
 struct Unread {
     answer: Option<oneshot::Receiver<Result<Vec<HandOut>, JobError>>>,
     queue: Queue,
+}
+
+impl Unread {
+    /// The answer, once it comes (it is then read, and nothing is put back);
+    /// `None` if it never will (its sender was dropped). Without an answer
+    /// to wait for, never resolves.
+    async fn recv(&mut self) -> Option<Result<Vec<HandOut>, JobError>> {
+        let Some(answer) = self.answer.as_mut() else {
+            return std::future::pending().await;
+        };
+        let result = answer.await.ok();
+        self.answer = None;
+        result
+    }
 }
 
 impl Drop for Unread {
@@ -207,6 +226,8 @@ impl Queue {
                 tasks: TaskTracker::new(),
                 #[cfg(test)]
                 claim_hook: Mutex::new(None),
+                #[cfg(test)]
+                serve_sleepers: std::sync::atomic::AtomicBool::new(true),
             }),
         };
         if let Some(announcements) = queue.inner.store.announcements() {
@@ -292,6 +313,16 @@ impl Queue {
         let shared = self.inner.store.shared();
         let bus = Arc::clone(&self.inner.events);
         let minutes = Arc::clone(&self.inner.minutes);
+        let waiters = self.inner.waiters.clone();
+        #[cfg(test)]
+        let serve = self
+            .inner
+            .serve_sleepers
+            .load(std::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(test))]
+        let serve = true;
+        let queue = self.clone();
+        let runtime = tokio::runtime::Handle::current();
         let (result, changes, _, stepped, _) = self
             .inner
             .store
@@ -302,6 +333,15 @@ impl Queue {
                         steps::make_up_for_step(&mut tx, &watch, clock.is_scripted() || shared)?;
                     let result = op(&mut tx)?;
                     throttles::wake_for_freed_slots(&mut tx)?;
+                    // Not on a store shared with other servers: there a claim
+                    // inside another write would take the throttles' and
+                    // supervisors' row locks after that write's own, an order
+                    // that deadlocks against claims taking them first.
+                    let served = if serve && !shared {
+                        serving::serve_sleepers(&mut tx, &waiters)?
+                    } else {
+                        serving::Served::default()
+                    };
                     if shared {
                         tx.announce()?;
                     }
@@ -311,21 +351,28 @@ impl Queue {
                         .kept(reading);
                     let mut changes = tx.into_changes();
                     // Published by the writer once committed, so in commit
-                    // order, and never for a write rolled back.
-                    let events = Mutex::new(std::mem::take(&mut changes.events));
-                    Ok((result, changes, reading, stepped, events))
+                    // order, and never for a write rolled back; the served
+                    // requests are answered there too, as soon as it is
+                    // durable.
+                    let events = std::mem::take(&mut changes.events);
+                    let after = Mutex::new(Some((events, served)));
+                    Ok((result, changes, reading, stepped, after))
                 },
-                move |(_, _, reading, _, events), committed| {
+                move |(_, _, reading, _, after), committed| {
                     watch_after
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .ended(*reading, committed);
+                    let Some((events, served)) =
+                        after.lock().unwrap_or_else(|e| e.into_inner()).take()
+                    else {
+                        return;
+                    };
                     if committed {
-                        let events =
-                            std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
                         minutes.record(&events);
                         bus.publish(events);
                     }
+                    served.answer(committed, &queue, &runtime);
                 },
             )
             .await?;
@@ -417,6 +464,7 @@ impl Queue {
     ) -> Result<Vec<HandOut>, JobError> {
         let deadline = wait.map(|w| tokio::time::Instant::now() + w);
         let pattern = Arc::new(cmd.pattern.clone());
+        let request = Arc::new(cmd.clone());
         // Wake-ups this request holds: each is settled or passed on (see
         // `waiters`), also when this future is dropped or fails.
         let mut owed = Owed::new(self.inner.waiters.clone());
@@ -448,9 +496,21 @@ impl Queue {
             }
             // Dropping the ticket (rather than disarming it) passes on a
             // wake-up that raced with the end of the wait.
+            // Asleep, it may be served by the commit that makes a job it
+            // could take due (see `serving`); jobs served to it after it
+            // stopped waiting are put back. Counted asleep once servable.
+            let mut served = Unread {
+                answer: ticket.sleep_servable(Arc::clone(&request)),
+                queue: self.clone(),
+            };
             let _asleep = Asleep::count(&self.inner.asleep);
             tokio::select! {
                 _ = ticket.notified() => owed.add(ticket.disarm()),
+                answer = served.recv() => match answer {
+                    Some(Ok(handouts)) if !handouts.is_empty() => return Ok(handouts),
+                    // Served nothing, or its commit failed: claim again.
+                    _ => owed.add(ticket.disarm()),
+                },
                 _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),
                 _ = self.inner.shutdown.cancelled() => return Ok(Vec::new()),
             }

@@ -143,6 +143,24 @@ impl<'a> Tracked<'a> {
         self.changes.ready.push((due, job.next_run));
     }
 
+    /// The jobs this transaction made ready that are due at its time, in
+    /// the order it wrote them (each once).
+    pub fn due_now(&self) -> Vec<DueJob> {
+        let mut seen = std::collections::HashSet::new();
+        self.changes
+            .ready
+            .iter()
+            .filter(|(job, next_run)| *next_run <= self.now && seen.insert(job.id))
+            .map(|(job, _)| job.clone())
+            .collect()
+    }
+
+    /// Forgets that this transaction made these jobs ready: they were
+    /// handed out in it, so nobody is to be woken for them after it.
+    pub fn forget_ready(&mut self, ids: &[JobId]) {
+        self.changes.ready.retain(|(job, _)| !ids.contains(&job.id));
+    }
+
     /// The names of jobs whose hold of a throttle's slot this transaction
     /// may have ended, deduplicated; forgotten here.
     pub fn take_left_held(&mut self) -> Vec<String> {

@@ -44,6 +44,15 @@
 //! - **Batches.** A waiter wanting `n` jobs is assigned up to `n` wake-ups.
 //!   It may take better jobs instead of those (higher priority first); the
 //!   ones it did not take are passed on, by id.
+//! - **Served in the commit** (W asleep, offering to be served: see
+//!   [`Ticket::sleep_servable`]). The commit that makes the job due takes
+//!   W out of the list before it commits ([`Waiters::take_servable`]) and
+//!   claims for it in its own transaction, so W is answered once that
+//!   transaction is durable, without a claim of its own. Its wake-up is
+//!   settled there: the jobs the claim did not take are woken for as any
+//!   other, after the commit. Taken out, W can be neither woken nor served
+//!   twice; if the transaction does not commit, W is told so and claims
+//!   again; if W went away, what it was handed is put back.
 //! - **Many names at once** (past [`MAX_DISTINCT_NAMES`]), and shutdown:
 //!   every waiter is woken with no job named ([`Waiters::wake_all`]) and
 //!   looks for itself. Each woken waiter claims after the commit, and any
@@ -53,10 +62,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use crate::protocol::view::HandOut;
-use crate::protocol::{JobId, NamePattern, Priority};
+use crate::protocol::{GetJobs, JobError, JobId, NamePattern, Priority};
 
 /// The most different job names one wake-up assigns one by one.
 pub const MAX_DISTINCT_NAMES: usize = 256;
@@ -76,6 +85,18 @@ pub struct DueJob {
 /// while asleep, an empty list when woken to look for itself.
 type WokenFor = Arc<Mutex<Option<Vec<DueJob>>>>;
 
+/// A sleeping request that a commit may serve in its own transaction: what
+/// it asks for, and where its answer goes. Dropped unanswered (the commit
+/// failed), it tells the request to claim for itself.
+#[derive(Debug)]
+pub struct Servable {
+    /// The request.
+    pub request: Arc<GetJobs>,
+    /// Its answer, sent once the serving transaction is durable; if the
+    /// request went away, the jobs come back in the error.
+    pub answer: oneshot::Sender<Result<Vec<HandOut>, JobError>>,
+}
+
 #[derive(Debug)]
 struct Entry {
     id: u64,
@@ -85,6 +106,8 @@ struct Entry {
     notify: Arc<Notify>,
     /// Jobs this waiter was woken for, to pass on if it leaves unserved.
     woken_for: WokenFor,
+    /// Set while the request sleeps and may be served by a commit.
+    servable: Option<Servable>,
 }
 
 #[derive(Debug, Default)]
@@ -121,6 +144,7 @@ impl Waiters {
             want: want.max(1),
             notify: Arc::clone(&notify),
             woken_for: Arc::clone(&woken_for),
+            servable: None,
         });
         Ticket {
             id,
@@ -203,6 +227,45 @@ impl Waiters {
         }
     }
 
+    /// Takes out of the list the sleeping requests that offered to be
+    /// served and that jobs just made due would go to: each job goes to the
+    /// oldest such request that matches it and has room (as [`Waiters::wake`]
+    /// assigns them). The caller claims for each in the transaction that
+    /// made the jobs due, and answers it once that transaction ends; the
+    /// jobs none of them took are woken for after the commit.
+    pub fn take_servable(&self, jobs: &[DueJob]) -> Vec<Servable> {
+        if jobs.is_empty() {
+            return Vec::new();
+        }
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut room: Vec<usize> = list
+            .entries
+            .iter()
+            .map(|e| if e.servable.is_some() { e.want } else { 0 })
+            .collect();
+        let mut chosen = vec![false; room.len()];
+        for job in jobs {
+            let found = list.entries.iter().enumerate().find(|(index, entry)| {
+                room[*index] > 0
+                    && entry.priority.is_none_or(|p| p == job.priority)
+                    && entry.pattern.matches(&job.name)
+            });
+            if let Some((index, _)) = found {
+                room[index] -= 1;
+                chosen[index] = true;
+            }
+        }
+        let mut served = Vec::new();
+        for index in (0..chosen.len()).rev() {
+            if chosen[index] {
+                let entry = list.entries.remove(index);
+                served.extend(entry.servable);
+            }
+        }
+        served.reverse();
+        served
+    }
+
     /// Wakes every waiter (at shutdown, or when too many jobs became due at
     /// once to name them).
     pub fn wake_all(&self) {
@@ -248,6 +311,21 @@ impl Ticket {
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .unwrap_or_default()
+    }
+
+    /// Offers this sleeping request to be served by the next commit that
+    /// makes a job it could take due (see [`Waiters::take_servable`]); the
+    /// answer comes on the receiver. `None` if it was already woken (its
+    /// `notified` is then ready) or is no longer listed.
+    pub fn sleep_servable(
+        &self,
+        request: Arc<GetJobs>,
+    ) -> Option<oneshot::Receiver<Result<Vec<HandOut>, JobError>>> {
+        let mut list = self.waiters.list.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = list.entries.iter_mut().find(|entry| entry.id == self.id)?;
+        let (answer, answered) = oneshot::channel();
+        entry.servable = Some(Servable { request, answer });
+        Some(answered)
     }
 
     /// Whether this waiter was woken for some job.
@@ -437,6 +515,82 @@ mod tests {
         assert!(woken(&second).await);
         let ids: Vec<JobId> = second.disarm().iter().map(|job| job.id).collect();
         assert_eq!(ids, vec![7, 8]);
+    }
+
+    fn request(p: &str, priority: Option<Priority>, want: usize) -> Arc<GetJobs> {
+        Arc::new(GetJobs {
+            pattern: NamePattern::Glob(p.into()),
+            num_results: want,
+            priority,
+            lease: crate::protocol::LeaseTerm::Millis(60_000),
+            worker: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_commit_serves_the_oldest_matching_sleeper_and_skips_the_rest() {
+        let waiters = Waiters::default();
+        // Not asleep yet (claiming): a commit wakes it, never serves it.
+        let claiming = waiters.register(glob("*"), None, 1);
+        let other = waiters.register(glob("Other*"), None, 1);
+        let high = waiters.register(glob("*"), Some(Priority::new(1000).unwrap()), 1);
+        let first = waiters.register(glob("*"), None, 1);
+        let second = waiters.register(glob("*"), None, 1);
+        let mut answers = Vec::new();
+        for (ticket, p, priority) in [
+            (&other, "Other*", None),
+            (&high, "*", Some(Priority::new(1000).unwrap())),
+            (&first, "*", None),
+            (&second, "*", None),
+        ] {
+            answers.push(ticket.sleep_servable(request(p, priority, 1)).unwrap());
+        }
+        let served = waiters.take_servable(&[due(1, "SendEmail", Priority::DEFAULT)]);
+        assert_eq!(served.len(), 1);
+        assert_eq!(
+            served[0].request.pattern,
+            NamePattern::Glob("*".into()),
+            "the first servable sleeper matching name and priority"
+        );
+        // Taken out of the list: neither woken nor served again.
+        assert_eq!(waiters.len(), 4);
+        drop(served);
+        let mut answers = answers.into_iter();
+        let (other_answer, high_answer, mut first_answer) = (
+            answers.next().unwrap(),
+            answers.next().unwrap(),
+            answers.next().unwrap(),
+        );
+        assert!(
+            first_answer.try_recv().is_err(),
+            "dropped unanswered: the sleeper claims for itself"
+        );
+        drop((other_answer, high_answer));
+        assert!(!woken(&claiming).await);
+        waiters.wake(vec![due(2, "SendEmail", Priority::DEFAULT)]);
+        assert!(woken(&claiming).await, "a request not asleep is woken");
+        assert!(!woken(&second).await);
+    }
+
+    #[tokio::test]
+    async fn a_woken_sleeper_cannot_be_served_and_its_offer_ends() {
+        let waiters = Waiters::default();
+        let ticket = waiters.register(glob("*"), None, 2);
+        let mut answer = ticket.sleep_servable(request("*", None, 2)).unwrap();
+        waiters.wake(vec![due(1, "a", Priority::DEFAULT)]);
+        assert!(woken(&ticket).await);
+        assert!(
+            waiters
+                .take_servable(&[due(2, "a", Priority::DEFAULT)])
+                .is_empty(),
+            "a woken request is out of the list"
+        );
+        assert!(matches!(
+            answer.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+        ));
+        assert!(ticket.sleep_servable(request("*", None, 2)).is_none());
+        assert_eq!(ticket.disarm(), vec![due(1, "a", Priority::DEFAULT)]);
     }
 
     #[tokio::test]

@@ -1,6 +1,8 @@
 //! Races between a claim and the wake-up of a job committed while the
 //! claim's answer is on its way, scripted with the queue's claim hook over a
-//! real SQLite file.
+//! real SQLite file: with commits serving sleeping requests (the product),
+//! and without (the wake-up path, which requests that are not asleep at a
+//! commit take).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,13 +61,26 @@ fn script(queue: &Queue) -> Script {
     }
 }
 
+/// What a race ended with: what W and V got, X's id, and how many claims
+/// were made after V's first one found nothing.
+struct Raced {
+    w_got: Vec<JobId>,
+    v_got: Vec<JobId>,
+    x: JobId,
+    claims_after: usize,
+}
+
 /// W (first in line, wanting `w_wants`) claims job A; while its answer is
-/// held, V registers and finds nothing, then job X is committed and its
-/// wake-up goes to W. Returns what V got once W was answered.
-async fn race(w_wants: usize, a_name: &str, x_name: &str) -> (Vec<JobId>, Vec<JobId>, JobId) {
+/// held, V registers and finds nothing, then job X is committed: it serves
+/// V asleep (`serve`), or its wake-up goes to W, which passes it on to V.
+async fn race(w_wants: usize, a_name: &str, x_name: &str, serve: bool) -> Raced {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
     let queue = Queue::start(store.clone(), QueueConfig::default());
+    queue
+        .inner
+        .serve_sleepers
+        .store(serve, std::sync::atomic::Ordering::SeqCst);
     queue.ready().await;
     queue.create(CreateJob::named(a_name)).await.unwrap();
     let mut script = script(&queue);
@@ -97,6 +112,12 @@ async fn race(w_wants: usize, a_name: &str, x_name: &str) -> (Vec<JobId>, Vec<Jo
             break;
         }
     }
+    // V is asleep (counted) before X is committed.
+    let asleep_by = tokio::time::Instant::now() + GENEROUS;
+    while queue.waiting() == 0 {
+        assert!(tokio::time::Instant::now() < asleep_by, "V fell asleep");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let x = queue.create(CreateJob::named(x_name)).await.unwrap();
     script.release.send(()).unwrap();
     let w_got = tokio::time::timeout(GENEROUS, w)
@@ -112,27 +133,57 @@ async fn race(w_wants: usize, a_name: &str, x_name: &str) -> (Vec<JobId>, Vec<Jo
     queue.shutdown();
     queue.settle().await;
     store.close();
+    let mut claims_after = 0;
+    while script.claims.try_recv().is_ok() {
+        claims_after += 1;
+    }
     let ids = |handouts: Vec<crate::protocol::view::HandOut>| {
         handouts.iter().map(|h| h.job.id).collect::<Vec<_>>()
     };
-    (ids(w_got), ids(v_got), x)
+    Raced {
+        w_got: ids(w_got),
+        v_got: ids(v_got),
+        x,
+        claims_after,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_getjob_can_miss_its_wake_up_when_the_claim_is_not_full() {
-    let (w_got, v_got, x) = race(2, "A", "X").await;
-    assert_eq!(w_got.len(), 1, "W took A only: X came after its claim");
-    assert_eq!(v_got, vec![x], "the wake-up W did not use went to V");
+    let raced = race(2, "A", "X", false).await;
+    assert_eq!(
+        raced.w_got.len(),
+        1,
+        "W took A only: X came after its claim"
+    );
+    assert_eq!(
+        raced.v_got,
+        vec![raced.x],
+        "the wake-up W did not use went to V"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_getjob_can_miss_its_wake_up_when_a_job_of_the_same_name_fills_the_batch() {
-    let (w_got, v_got, x) = race(1, "same", "same").await;
-    assert_eq!(w_got.len(), 1);
-    assert_ne!(w_got, vec![x]);
+    let raced = race(1, "same", "same", false).await;
+    assert_eq!(raced.w_got.len(), 1);
+    assert_ne!(raced.w_got, vec![raced.x]);
     assert_eq!(
-        v_got,
-        vec![x],
+        raced.v_got,
+        vec![raced.x],
         "crossed off by id, not by name: X's wake-up went to V"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_getjob_is_served_by_the_commit_that_made_its_job_due() {
+    for (w_wants, a, x) in [(2, "A", "X"), (1, "same", "same")] {
+        let raced = race(w_wants, a, x, true).await;
+        assert_eq!(raced.w_got.len(), 1, "W took A only");
+        assert_eq!(raced.v_got, vec![raced.x], "V was handed X");
+        assert_eq!(
+            raced.claims_after, 0,
+            "V was served in X's commit, with no claim of its own (and W passed nothing on)"
+        );
+    }
 }

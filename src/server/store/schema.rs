@@ -208,6 +208,10 @@ const MIGRATIONS: &[&str] = &[
     // 10: listing the jobs in a state in id order (with a name pattern
     // checked on each), without reading the whole table.
     "CREATE INDEX jobs_state ON jobs (state, job_id);",
+    // 11: the runs still open (of a supervisor, or all), read at every
+    // report and hand-out: without it each read stepped over every attempt
+    // the ledger keeps, a cost that grew with the history.
+    "CREATE INDEX attempts_open ON attempts (worker, started) WHERE ended IS NULL;",
 ];
 
 /// The schema version this build writes.

@@ -40,6 +40,15 @@ fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
     })
 }
 
+/// A supervisor's runs still open, read at each of its reports and
+/// hand-outs (from the `attempts_open` index, not the whole history).
+pub(super) const OPEN_RUNS_OF: &str =
+    "SELECT worker, started FROM attempts WHERE worker = ?1 AND ended IS NULL";
+
+/// Every supervisor's runs still open.
+pub(super) const OPEN_RUNS: &str =
+    "SELECT worker, started FROM attempts WHERE ended IS NULL AND worker IS NOT NULL";
+
 const STATS_COLUMNS: &str = "name, hour, added, started, finished, failed, retried, \
      wait_n, wait_mean, wait_m2, wait_min, wait_max, run_n, run_mean, run_m2, run_min, run_max, \
      service_n, service_mean, service_m2, service_min, service_max";
@@ -571,18 +580,14 @@ impl LedgerTx for SqliteTx<'_> {
         let rows = match worker {
             Some(worker) => self
                 .conn
-                .prepare_cached(
-                    "SELECT worker, started FROM attempts WHERE worker = ?1 AND ended IS NULL",
-                )
+                .prepare_cached(OPEN_RUNS_OF)
                 .map_err(store_error)?
                 .query_map([worker], read)
                 .map_err(store_error)?
                 .collect::<Result<_, _>>(),
             None => self
                 .conn
-                .prepare_cached(
-                    "SELECT worker, started FROM attempts WHERE ended IS NULL AND worker IS NOT NULL",
-                )
+                .prepare_cached(OPEN_RUNS)
                 .map_err(store_error)?
                 .query_map([], read)
                 .map_err(store_error)?

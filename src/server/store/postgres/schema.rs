@@ -194,6 +194,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX job_dependencies_on ON job_dependencies (depends_on, job_id);"#,
     // 5: listing the jobs in a state in id order, as SQLite's schema 10.
     r#"CREATE INDEX jobs_state ON jobs (state, job_id);"#,
+    // 6: the runs still open, as SQLite's schema 11.
+    r#"CREATE INDEX attempts_open ON attempts (worker, started) WHERE ended IS NULL;"#,
 ];
 
 /// The schema version this build writes.
