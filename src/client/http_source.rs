@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
+use super::report_batch::{ReportBatch, Sent, Turn};
 use super::source::{
     JobSource, LeasedJob, Report, SourceError, hand_back_by_retry, read_handouts, refuse_unreadable,
 };
@@ -25,6 +26,8 @@ pub struct HttpSource {
     /// Set once the server refused the output sizes in `run` (a server that
     /// keeps run history but not the sizes): from then on they are left out.
     no_output_sizes: Arc<AtomicBool>,
+    /// Reports sent together under load.
+    batch: ReportBatch,
 }
 
 /// Whether the server refused a request for carrying `field`, which an older
@@ -51,6 +54,7 @@ impl HttpSource {
             client: HttpClient::trusting(url, token, ca_cert)?,
             older_server: Arc::new(AtomicBool::new(false)),
             no_output_sizes: Arc::new(AtomicBool::new(false)),
+            batch: ReportBatch::default(),
         })
     }
 
@@ -86,7 +90,115 @@ fn source_error(error: ClientError) -> SourceError {
     }
 }
 
+/// A report's body for its own endpoint, without run facts.
+fn report_body(lease: Option<&str>, report: &Report) -> serde_json::Map<String, Value> {
+    let mut body = serde_json::Map::new();
+    if let Some(lease) = lease {
+        body.insert("lease".into(), json!(lease));
+    }
+    let data = match report {
+        Report::Finish { data } | Report::Fail { data } => data,
+        Report::Retry {
+            delay_secs,
+            ignore_repeat,
+            data,
+            name,
+            next_run,
+        } => {
+            body.insert("delay".into(), json!(delay_secs));
+            if *ignore_repeat {
+                body.insert("ignoreRepeat".into(), json!(true));
+            }
+            if let Some(name) = name {
+                body.insert("name".into(), json!(name));
+            }
+            if let Some(next_run) = next_run {
+                body.insert("nextRun".into(), json!(next_run));
+            }
+            data
+        }
+    };
+    if let Some(data) = data {
+        body.insert("data".into(), Value::Object(data.clone()));
+    }
+    body
+}
+
+/// What the server's answer to job `id`'s report means.
+fn reported(id: JobId, sent: Result<Value, ClientError>) -> Result<(), SourceError> {
+    match sent {
+        Ok(_) => Ok(()),
+        Err(error) => Err(match source_error(error) {
+            SourceError::LeaseLost(_) => SourceError::LeaseLost(id),
+            other => other,
+        }),
+    }
+}
+
 impl HttpSource {
+    /// The run facts a report carries to this server: none to a server
+    /// older than run history, without the output sizes to one that keeps
+    /// history but not them.
+    fn run_facts(&self, run: Option<&RunFacts>) -> Option<RunFacts> {
+        let mut run = run
+            .filter(|_| !self.older_server.load(Ordering::Relaxed))?
+            .clone();
+        if self.no_output_sizes.load(Ordering::Relaxed) {
+            (run.stdout_bytes, run.stderr_bytes) = (None, None);
+        }
+        Some(run)
+    }
+
+    /// Sends a report to its own endpoint, `/jobs/{id}/{kind}`, with the
+    /// run facts this server takes (learning, from a refusal, which those
+    /// are).
+    async fn report_alone(
+        &self,
+        id: JobId,
+        kind: &str,
+        plain: serde_json::Map<String, Value>,
+        run: Option<&RunFacts>,
+    ) -> Result<Value, ClientError> {
+        let path = format!("/jobs/{id}/{kind}");
+        let Some(mut run) = self.run_facts(run) else {
+            return self
+                .client
+                .quick(Method::POST, &path, Some(&Value::Object(plain)))
+                .await;
+        };
+        let mut body = plain.clone();
+        body.insert("run".into(), json!(run));
+        let mut sent = self
+            .client
+            .quick(Method::POST, &path, Some(&Value::Object(body.clone())))
+            .await;
+        if let Err(error) = &sent
+            && (refused_field(error, "stdoutBytes") || refused_field(error, "stderrBytes"))
+        {
+            // A server that keeps run history, without the sizes.
+            self.no_output_sizes.store(true, Ordering::Relaxed);
+            (run.stdout_bytes, run.stderr_bytes) = (None, None);
+            body.insert("run".into(), json!(run));
+            sent = self
+                .client
+                .quick(Method::POST, &path, Some(&Value::Object(body)))
+                .await;
+        }
+        match sent {
+            Err(error) if refused_field(&error, "run") => {
+                // Never lose a report to a field the server does not know.
+                self.older_server.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    "the job server keeps no run history (it is older than this supervisor); reporting without it"
+                );
+                self.client
+                    .quick(Method::POST, &path, Some(&Value::Object(plain)))
+                    .await
+            }
+            other => other,
+        }
+    }
+
     async fn dequeue(
         &self,
         pattern: &str,
@@ -233,82 +345,26 @@ impl JobSource for HttpSource {
         run: Option<&'a RunFacts>,
     ) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
-            let mut body = serde_json::Map::new();
-            if let Some(lease) = lease {
-                body.insert("lease".into(), json!(lease));
-            }
-            let data = match report {
-                Report::Finish { data } | Report::Fail { data } => data,
-                Report::Retry {
-                    delay_secs,
-                    ignore_repeat,
-                    data,
-                    name,
-                    next_run,
-                } => {
-                    body.insert("delay".into(), json!(delay_secs));
-                    if *ignore_repeat {
-                        body.insert("ignoreRepeat".into(), json!(true));
-                    }
-                    if let Some(name) = name {
-                        body.insert("name".into(), json!(name));
-                    }
-                    if let Some(next_run) = next_run {
-                        body.insert("nextRun".into(), json!(next_run));
-                    }
-                    data
-                }
-            };
-            if let Some(data) = data {
-                body.insert("data".into(), Value::Object(data.clone()));
-            }
-            let path = format!("/jobs/{id}/{}", report.kind());
-            let plain = Value::Object(body.clone());
-            let sent = match run.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
-                Some(run) => {
-                    let mut run = run.clone();
-                    if self.no_output_sizes.load(Ordering::Relaxed) {
-                        (run.stdout_bytes, run.stderr_bytes) = (None, None);
-                    }
+            let plain = report_body(lease, report);
+            // Under load, with the reports that come while one is on its
+            // way (see `report_batch`); by itself otherwise.
+            let mut _lead = None;
+            if self.batch.on() {
+                let mut body = plain.clone();
+                if let Some(run) = self.run_facts(run) {
                     body.insert("run".into(), json!(run));
-                    let mut sent = self
-                        .client
-                        .quick(Method::POST, &path, Some(&Value::Object(body.clone())))
-                        .await;
-                    if let Err(error) = &sent
-                        && (refused_field(error, "stdoutBytes")
-                            || refused_field(error, "stderrBytes"))
-                    {
-                        // A server that keeps run history, without the sizes.
-                        self.no_output_sizes.store(true, Ordering::Relaxed);
-                        (run.stdout_bytes, run.stderr_bytes) = (None, None);
-                        body.insert("run".into(), json!(run));
-                        sent = self
-                            .client
-                            .quick(Method::POST, &path, Some(&Value::Object(body)))
-                            .await;
-                    }
-                    match sent {
-                        Err(error) if refused_field(&error, "run") => {
-                            // Never lose a report to a field the server does not know.
-                            self.older_server.store(true, Ordering::Relaxed);
-                            tracing::warn!(
-                                "the job server keeps no run history (it is older than this supervisor); reporting without it"
-                            );
-                            self.client.quick(Method::POST, &path, Some(&plain)).await
+                }
+                match self.batch.turn(&self.client, id, report.kind(), body) {
+                    Turn::Lead(lead) => _lead = Some(lead),
+                    Turn::Follow(answer) => {
+                        if let Ok(Sent::Answered(sent)) = answer.await {
+                            return reported(id, sent);
                         }
-                        other => other,
                     }
                 }
-                None => self.client.quick(Method::POST, &path, Some(&plain)).await,
-            };
-            match sent {
-                Ok(_) => Ok(()),
-                Err(error) => Err(match source_error(error) {
-                    SourceError::LeaseLost(_) => SourceError::LeaseLost(id),
-                    other => other,
-                }),
             }
+            let sent = self.report_alone(id, report.kind(), plain, run).await;
+            reported(id, sent)
         })
     }
 

@@ -6,6 +6,7 @@ mod bedrock;
 mod http;
 mod http_source;
 mod local;
+mod report_batch;
 mod servers;
 mod source;
 

@@ -102,7 +102,7 @@ pub struct RunFacts {
 
 impl RunFacts {
     /// Refuses a signal name that is not 1 to 32 letters, digits or `_`,
-    /// and output over [`MAX_RUN_OUTPUT`].
+    /// output over [`MAX_RUN_OUTPUT`], and byte counts past `i64::MAX`.
     pub fn check(&self) -> Result<(), JobError> {
         if let Some(signal) = &self.signal
             && (signal.is_empty()
@@ -115,6 +115,15 @@ impl RunFacts {
         }
         for (field, text) in [("run.stdout", &self.stdout), ("run.stderr", &self.stderr)] {
             if text.as_ref().is_some_and(|t| t.len() > MAX_RUN_OUTPUT) {
+                return Err(JobError::Malformed(field));
+            }
+        }
+        // Stored as 64-bit signed integers.
+        for (field, bytes) in [
+            ("run.stdoutBytes", self.stdout_bytes),
+            ("run.stderrBytes", self.stderr_bytes),
+        ] {
+            if bytes.is_some_and(|b| i64::try_from(b).is_err()) {
                 return Err(JobError::Malformed(field));
             }
         }

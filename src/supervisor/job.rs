@@ -29,9 +29,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// A job to run.
 pub(super) struct JobTask {
-    /// Its place under `--max-workers`, given back once its worker is gone,
-    /// before the report.
-    pub slot: Option<super::slots::Slot>,
+    /// Its place under `--max-workers`, and its count in the running
+    /// workers' gauge, given back once its worker is gone, before the
+    /// report.
+    pub slot: Option<(super::slots::Slot, crate::metrics::WorkerRunning)>,
     pub shared: Arc<Shared>,
     pub generation: Arc<Generation>,
     pub job: LeasedJob,

@@ -660,17 +660,13 @@ impl Supervisor {
                     for leased in jobs {
                         started += 1;
                         let task = job::JobTask {
-                            slot: Some(worker_slots.take()),
+                            slot: Some((worker_slots.take(), running.enter())),
                             shared: Arc::clone(&shared),
                             generation: self.generation(),
                             job: leased,
                             stop: stop_workers.child_token(),
                         };
-                        let counted = running.enter();
-                        workers.spawn(async move {
-                            let _counted = counted;
-                            task.run().await
-                        });
+                        workers.spawn(task.run());
                     }
                 }
                 Err(error) => {
@@ -698,7 +694,7 @@ impl Supervisor {
         // timeout (a second drain request cuts it short), then stop the rest
         // and hand their jobs back.
         let drain_timeout = self.settings().drain_timeout;
-        tracing::info!(running = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
+        tracing::info!(running = worker_slots.taken(), unreported = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
         board.gate("draining", gate.last_sample().map(|s| s.load1));
         // A sleep, not `now + timeout`: any configured length is fine.
         let deadline = tokio::time::sleep(drain_timeout);
@@ -722,7 +718,8 @@ impl Supervisor {
         }
         if !workers.is_empty() {
             tracing::warn!(
-                running = workers.len(),
+                running = worker_slots.taken(),
+                unreported = workers.len(),
                 "stopping jobs still running and handing them back"
             );
             shared.draining.store(true, Ordering::SeqCst);

@@ -54,6 +54,7 @@ mod pool_files;
 mod port_conflict;
 mod pressure;
 mod repeat;
+mod report_batch;
 mod report_line;
 mod sandbox;
 mod shared_store;

@@ -10,6 +10,7 @@ pub mod browser;
 mod error;
 pub mod events;
 pub mod listen;
+mod report_batch;
 pub(crate) mod reports;
 mod requests;
 mod routes;
@@ -64,6 +65,7 @@ pub fn router(queue: Queue, token: ApiToken, browser: BrowserPolicy) -> Router {
         .route("/tags", get(routes::top_tags))
         .route("/tracked", get(routes::tracked))
         .route("/dequeue", post(routes::dequeue))
+        .route("/reports", post(report_batch::reports))
         .route("/jobs/{id}/history", get(reports::history))
         .route("/archive", get(archive::list))
         .route("/stats", get(reports::stats))

@@ -44,6 +44,23 @@ where
     }
 }
 
+/// As [`given`], for a field whose value is an object: serde would also read
+/// a struct from an array of its fields in order, which the API document
+/// does not allow.
+fn given_object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    match given::<D, Value>(deserializer)? {
+        Some(value @ Value::Object(_)) => T::deserialize(value)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+        Some(_) => Err(serde::de::Error::custom("an object is expected")),
+        None => Ok(None),
+    }
+}
+
 fn data(value: Option<Value>) -> Result<Option<Data>, JobError> {
     value.map(check_data).transpose()
 }
@@ -259,7 +276,7 @@ pub struct FinishJobRequest {
     data: Option<Value>,
     #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
-    #[serde(default, deserialize_with = "given")]
+    #[serde(default, deserialize_with = "given_object")]
     run: Option<RunFacts>,
 }
 
@@ -283,7 +300,7 @@ pub struct FailJobRequest {
     data: Option<Value>,
     #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
-    #[serde(default, deserialize_with = "given")]
+    #[serde(default, deserialize_with = "given_object")]
     run: Option<RunFacts>,
 }
 
@@ -317,7 +334,7 @@ pub struct RetryJobRequest {
     ignore_repeat: Option<bool>,
     #[serde(default, deserialize_with = "given")]
     lease: Option<String>,
-    #[serde(default, deserialize_with = "given")]
+    #[serde(default, deserialize_with = "given_object")]
     run: Option<RunFacts>,
 }
 

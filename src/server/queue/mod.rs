@@ -39,7 +39,7 @@ use crate::server::store::{Announcement, ListQuery, Store};
 pub use clock::{Clock, FileClock, SystemClock};
 pub use dependencies::DependencyView;
 pub use reports::{History, StatsDigest, WorkerView};
-pub use rules::{MAX_RETRY_AFTER_HANDOUTS, new_token};
+pub use rules::{MAX_RETRY_AFTER_HANDOUTS, MAX_RETRY_DELAY_SECS, new_token};
 pub use tracked::{Changes, Tracked};
 pub use waiters::{DueJob, Owed, Ticket, Waiters};
 
@@ -321,7 +321,7 @@ impl Queue {
             .load(std::sync::atomic::Ordering::SeqCst);
         #[cfg(not(test))]
         let serve = true;
-        let queue = self.clone();
+        let queue = Arc::downgrade(&self.inner);
         let runtime = tokio::runtime::Handle::current();
         let (result, changes, _, stepped, _) = self
             .inner
@@ -338,7 +338,7 @@ impl Queue {
                     // supervisors' row locks after that write's own, an order
                     // that deadlocks against claims taking them first.
                     let served = if serve && !shared {
-                        serving::serve_sleepers(&mut tx, &waiters)?
+                        serving::serve_sleepers(&mut tx, &waiters)
                     } else {
                         serving::Served::default()
                     };

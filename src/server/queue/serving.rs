@@ -17,13 +17,15 @@
 //! breaks by failing one of them. Sleeping requests there are woken, and
 //! claim for themselves.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Weak;
+
 use tokio::runtime::Handle;
 
-use super::Queue;
 use super::rules;
 use super::tracked::Tracked;
 use super::waiters::{Servable, Waiters};
-use crate::protocol::JobError;
+use super::{Inner, Queue};
 use crate::protocol::view::HandOut;
 
 /// Requests served in a transaction, with what each was handed, to answer
@@ -33,35 +35,62 @@ pub struct Served(Vec<(Servable, Vec<HandOut>)>);
 
 /// Serves the sleeping requests that the jobs this transaction made due
 /// now would wake, claiming for each in the transaction. The jobs handed
-/// out are no longer woken for after the commit.
-pub fn serve_sleepers(tx: &mut Tracked, waiters: &Waiters) -> Result<Served, JobError> {
+/// out are no longer woken for after the commit. Each claim is undone on
+/// its own if it fails (or panics): its request then claims for itself,
+/// and the write that made the jobs due goes on unharmed.
+pub fn serve_sleepers(tx: &mut Tracked, waiters: &Waiters) -> Served {
     let due = tx.due_now();
-    if due.is_empty() {
-        return Ok(Served::default());
-    }
     let mut served = Served::default();
-    for servable in waiters.take_servable(&due) {
-        let handouts = rules::get_jobs(tx, &servable.request)?;
-        let ids: Vec<_> = handouts.iter().map(|handout| handout.job.id).collect();
-        tx.forget_ready(&ids);
-        served.0.push((servable, handouts));
+    if due.is_empty() {
+        return served;
     }
-    Ok(served)
+    for servable in waiters.take_servable(&due) {
+        let Ok(mark) = tx.mark() else {
+            // Dropped unanswered: it claims for itself.
+            continue;
+        };
+        let claimed = catch_unwind(AssertUnwindSafe(|| rules::get_jobs(tx, &servable.request)));
+        match claimed {
+            Ok(Ok(handouts)) if tx.keep_since_mark().is_ok() => {
+                let ids: Vec<_> = handouts.iter().map(|handout| handout.job.id).collect();
+                tx.forget_ready(&ids);
+                served.0.push((servable, handouts));
+            }
+            outcome => {
+                if let Ok(Err(error)) = &outcome {
+                    tracing::warn!(%error, "could not serve a waiting GetJob in the commit that made its job due; it claims for itself");
+                } else if outcome.is_err() {
+                    tracing::error!(
+                        "serving a waiting GetJob panicked; undone, it claims for itself"
+                    );
+                }
+                if let Err(error) = tx.undo_since_mark(mark) {
+                    tracing::error!(%error, "could not undo a failed claim for a waiting GetJob");
+                }
+            }
+        }
+    }
+    served
 }
 
 impl Served {
     /// Answers the served requests once their transaction ended: with what
     /// they were handed if it committed (a request that went away has it
-    /// put back), or, if it did not, by dropping their answers, which tells
-    /// each to claim for itself.
-    pub fn answer(self, committed: bool, queue: &Queue, runtime: &Handle) {
+    /// put back, from the runtime), or, if it did not, by dropping their
+    /// answers, which tells each to claim for itself. Runs on the store's
+    /// writer, so it holds the queue only weakly.
+    pub fn answer(self, committed: bool, queue: &Weak<Inner>, runtime: &Handle) {
         for (servable, handouts) in self.0 {
             if !committed {
                 continue;
             }
             if let Err(Ok(unread)) = servable.answer.send(Ok(handouts)) {
-                let _entered = runtime.enter();
-                queue.put_back(unread);
+                let queue = queue.clone();
+                runtime.spawn(async move {
+                    if let Some(inner) = queue.upgrade() {
+                        Queue { inner }.put_back(unread);
+                    }
+                });
             }
         }
     }

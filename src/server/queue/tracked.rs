@@ -21,6 +21,14 @@ pub struct Changes {
     pub events: Vec<JobEvent>,
 }
 
+/// What a transaction had recorded at a mark (see [`Tracked::mark`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Recorded {
+    ready: usize,
+    events: usize,
+    lease_expiry: Option<Timestamp>,
+}
+
 /// A transaction plus the time the operation runs at, recording [`Changes`].
 pub struct Tracked<'a> {
     store: &'a mut dyn StoreTx,
@@ -143,6 +151,30 @@ impl<'a> Tracked<'a> {
         self.changes.ready.push((due, job.next_run));
     }
 
+    /// Marks this point of the transaction (see [`StoreTx::mark`]), with
+    /// what it recorded so far.
+    pub fn mark(&mut self) -> Result<Recorded, JobError> {
+        self.store.mark()?;
+        Ok(Recorded {
+            ready: self.changes.ready.len(),
+            events: self.changes.events.len(),
+            lease_expiry: self.changes.lease_expiry,
+        })
+    }
+
+    /// Keeps what was done since the mark.
+    pub fn keep_since_mark(&mut self) -> Result<(), JobError> {
+        self.store.keep_since_mark()
+    }
+
+    /// Undoes what was done since the mark, and forgets what it recorded.
+    pub fn undo_since_mark(&mut self, recorded: Recorded) -> Result<(), JobError> {
+        self.changes.ready.truncate(recorded.ready);
+        self.changes.events.truncate(recorded.events);
+        self.changes.lease_expiry = recorded.lease_expiry;
+        self.store.undo_since_mark()
+    }
+
     /// The jobs this transaction made ready that are due at its time, in
     /// the order it wrote them (each once).
     pub fn due_now(&self) -> Vec<DueJob> {
@@ -155,10 +187,16 @@ impl<'a> Tracked<'a> {
             .collect()
     }
 
-    /// Forgets that this transaction made these jobs ready: they were
-    /// handed out in it, so nobody is to be woken for them after it.
+    /// Forgets that this transaction made these jobs ready now: they were
+    /// handed out in it, so nobody is to be woken for them after it. What
+    /// the hand-out itself scheduled for later (a `retryAfter` job's next
+    /// hand-out) is kept, for the timer.
     pub fn forget_ready(&mut self, ids: &[JobId]) {
-        self.changes.ready.retain(|(job, _)| !ids.contains(&job.id));
+        let ids: std::collections::HashSet<JobId> = ids.iter().copied().collect();
+        let now = self.now;
+        self.changes
+            .ready
+            .retain(|(job, next_run)| *next_run > now || !ids.contains(&job.id));
     }
 
     /// The names of jobs whose hold of a throttle's slot this transaction

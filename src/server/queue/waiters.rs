@@ -52,7 +52,10 @@
 //!   settled there: the jobs the claim did not take are woken for as any
 //!   other, after the commit. Taken out, W can be neither woken nor served
 //!   twice; if the transaction does not commit, W is told so and claims
-//!   again; if W went away, what it was handed is put back.
+//!   again; if W went away, what it was handed is put back. Requests that
+//!   are claiming (not asleep) are passed over, so a job may go to a
+//!   request that came after one of them: order among waiters is first come,
+//!   first served only among those asleep.
 //! - **Many names at once** (past [`MAX_DISTINCT_NAMES`]), and shutdown:
 //!   every waiter is woken with no job named ([`Waiters::wake_all`]) and
 //!   looks for itself. Each woken waiter claims after the commit, and any
@@ -234,25 +237,52 @@ impl Waiters {
     /// made the jobs due, and answers it once that transaction ends; the
     /// jobs none of them took are woken for after the commit.
     pub fn take_servable(&self, jobs: &[DueJob]) -> Vec<Servable> {
-        if jobs.is_empty() {
-            return Vec::new();
+        // Jobs counted by name and priority, since requests match on those;
+        // past [`MAX_DISTINCT_NAMES`] of them nobody is served, and the
+        // wake-up after the commit (which then wakes everyone) does the rest.
+        let mut groups: Vec<(&str, Priority, usize)> = Vec::new();
+        for job in jobs {
+            let known = groups
+                .iter()
+                .position(|(name, priority, _)| *name == job.name && *priority == job.priority);
+            match known {
+                Some(index) => groups[index].2 += 1,
+                None if groups.len() == MAX_DISTINCT_NAMES => return Vec::new(),
+                None => groups.push((&job.name, job.priority, 1)),
+            }
         }
         let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        // A request that stopped waiting (its answer dropped) is left to
+        // unregister itself.
         let mut room: Vec<usize> = list
             .entries
             .iter()
-            .map(|e| if e.servable.is_some() { e.want } else { 0 })
+            .map(|e| match &e.servable {
+                Some(servable) if !servable.answer.is_closed() => e.want,
+                _ => 0,
+            })
             .collect();
+        let mut total_room: usize = room.iter().sum();
         let mut chosen = vec![false; room.len()];
-        for job in jobs {
-            let found = list.entries.iter().enumerate().find(|(index, entry)| {
-                room[*index] > 0
-                    && entry.priority.is_none_or(|p| p == job.priority)
-                    && entry.pattern.matches(&job.name)
-            });
-            if let Some((index, _)) = found {
-                room[index] -= 1;
+        for (name, priority, mut count) in groups {
+            for (index, entry) in list.entries.iter().enumerate() {
+                if count == 0 || total_room == 0 {
+                    break;
+                }
+                if room[index] == 0
+                    || entry.priority.is_some_and(|p| p != priority)
+                    || !entry.pattern.matches(name)
+                {
+                    continue;
+                }
+                let take = room[index].min(count);
+                room[index] -= take;
+                total_room -= take;
+                count -= take;
                 chosen[index] = true;
+            }
+            if total_room == 0 {
+                break;
             }
         }
         let mut served = Vec::new();

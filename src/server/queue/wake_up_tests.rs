@@ -187,3 +187,60 @@ async fn a_sleeping_getjob_is_served_by_the_commit_that_made_its_job_due() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_retry_after_job_wakes_the_next_sleeper_when_it_comes_due_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
+    let queue = Queue::start(store.clone(), QueueConfig::default());
+    queue.ready().await;
+    let asleep = |count: usize| {
+        let queue = queue.clone();
+        async move {
+            let by = tokio::time::Instant::now() + GENEROUS;
+            while queue.waiting() < count {
+                assert!(tokio::time::Instant::now() < by, "a request fell asleep");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    // S1 asleep; X, handed out again a second after each hand-out unless
+    // reported, is served to it in its create's commit.
+    let s1 = tokio::spawn({
+        let queue = queue.clone();
+        async move {
+            queue
+                .get_jobs(get(1), Some(Duration::from_secs(3600)))
+                .await
+        }
+    });
+    asleep(1).await;
+    let mut x = CreateJob::named("X");
+    x.retry_after = Some(crate::protocol::RetryAfter::parse("+1 SECOND").unwrap());
+    let x = queue.create(x).await.unwrap();
+    let got = tokio::time::timeout(GENEROUS, s1)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.iter().map(|h| h.job.id).collect::<Vec<_>>(), vec![x]);
+    // S1 never reports: when X comes due again, the timer wakes S2 for it,
+    // though no commit happens then.
+    let s2 = tokio::spawn({
+        let queue = queue.clone();
+        async move {
+            queue
+                .get_jobs(get(1), Some(Duration::from_secs(3600)))
+                .await
+        }
+    });
+    let got = tokio::time::timeout(GENEROUS, s2)
+        .await
+        .expect("S2 was woken when X came due again")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.iter().map(|h| h.job.id).collect::<Vec<_>>(), vec![x]);
+    queue.shutdown();
+    queue.settle().await;
+    store.close();
+}

@@ -179,6 +179,23 @@ pub trait StoreTx {
     ) -> Result<(), JobError> {
         Ok(())
     }
+    /// Marks this point of the transaction, to keep what follows with
+    /// [`StoreTx::keep_since_mark`] or undo it with
+    /// [`StoreTx::undo_since_mark`] (one mark at a time). A store without
+    /// nested transactions says so with an error.
+    fn mark(&mut self) -> Result<(), JobError> {
+        Err(JobError::Store(
+            "this store cannot undo part of a transaction".into(),
+        ))
+    }
+    /// Keeps what was done since the mark, and forgets the mark.
+    fn keep_since_mark(&mut self) -> Result<(), JobError> {
+        Ok(())
+    }
+    /// Undoes what was done since the mark, and forgets the mark.
+    fn undo_since_mark(&mut self) -> Result<(), JobError> {
+        Ok(())
+    }
     /// The request fingerprint and job ids remembered for an idempotency
     /// key, if it was used at or after `since`.
     fn idempotent_answer(

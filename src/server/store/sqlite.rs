@@ -888,6 +888,17 @@ impl StoreTx for SqliteTx<'_> {
         rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
     }
 
+    fn mark(&mut self) -> Result<(), JobError> {
+        run_cached(self.conn, "SAVEPOINT part").map_err(store_error)
+    }
+    fn keep_since_mark(&mut self) -> Result<(), JobError> {
+        run_cached(self.conn, "RELEASE part").map_err(store_error)
+    }
+    fn undo_since_mark(&mut self) -> Result<(), JobError> {
+        self.conn
+            .execute_batch("ROLLBACK TO part; RELEASE part")
+            .map_err(store_error)
+    }
     fn ledger(&mut self) -> &mut dyn super::LedgerTx {
         self
     }
@@ -943,6 +954,43 @@ mod tests {
             assert!(!plan.contains("jobs_state"), "{sql}: {plan}");
             assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
         }
+    }
+
+    /// The plan of `sql` with `params`, one line per step.
+    fn plan_of(conn: &Connection, sql: &str, params: &[rusqlite::types::Value]) -> String {
+        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let plan: Vec<String> = statement
+            .query_map(rusqlite::params_from_iter(params), |row| row.get(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        plan.join("\n")
+    }
+
+    #[test]
+    fn the_writers_glob_matches_read_the_range_of_their_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        set_up_writer(&conn).unwrap();
+        use super::super::sqlite_throttles::{held_matching_sql, park_matching_sql};
+        let (sql, params) = held_matching_sql("Email*", Timestamp(0));
+        let plan = plan_of(&conn, &sql, &params);
+        assert!(
+            plan.contains("INDEX jobs_held (name>? AND name<?)"),
+            "{plan}"
+        );
+        let (sql, params) = park_matching_sql("Email*");
+        let plan = plan_of(&conn, &sql, &params);
+        assert!(
+            plan.contains("INDEX jobs_name (name>? AND name<?)"),
+            "{plan}"
+        );
+        // No prefix, no range: the held jobs' index whole, not the table.
+        let (sql, params) = held_matching_sql("*", Timestamp(0));
+        let plan = plan_of(&conn, &sql, &params);
+        assert!(plan.contains("jobs_held"), "{plan}");
     }
 
     /// Every statement the connection has prepared, with how often SQLite

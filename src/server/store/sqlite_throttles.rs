@@ -6,6 +6,7 @@ use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter};
 
 use super::ReadyJob;
+use super::listing::{WILDCARDS, after_prefix};
 use super::sqlite::{COLUMNS, FailingTx, SqliteTx, read_job, store_error};
 use super::throttles::{Throttle, ThrottleTx, held_condition};
 use crate::protocol::{Job, JobError, JobId, NamePattern, Priority, Timestamp};
@@ -25,6 +26,56 @@ fn read_throttles(
         })
         .map_err(store_error)?;
     rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+}
+
+/// `name GLOB ?` for `glob` (a parameter appended), with the range of its
+/// literal prefix spelled out: the writer plans its statements without
+/// looking at the values bound to them (see `sqlite::set_up_writer`), so
+/// SQLite would not find that range in the name's indexes by itself.
+fn glob_in_range(glob: &str, params: &mut Vec<Value>) -> String {
+    params.push(Value::Text(glob.to_string()));
+    let mut clause = format!("name GLOB ?{}", params.len());
+    let prefix = glob.split(WILDCARDS).next().unwrap_or_default();
+    if !prefix.is_empty() {
+        params.push(Value::Text(prefix.to_string()));
+        clause = format!("name >= ?{} AND {clause}", params.len());
+        if let Some(end) = after_prefix(prefix) {
+            params.push(Value::Text(end));
+            clause = format!("name < ?{} AND {clause}", params.len());
+        }
+    }
+    clause
+}
+
+/// Counts the jobs matching `glob` that hold a throttle's slot at `now`,
+/// from the held jobs' index (the range of the GLOB's prefix, if it has one).
+pub(super) fn held_matching_sql(glob: &str, now: Timestamp) -> (String, Vec<Value>) {
+    let mut params = vec![Value::Integer(now.0)];
+    let names = glob_in_range(glob, &mut params);
+    let sql = format!(
+        "SELECT COUNT(*) FROM jobs INDEXED BY jobs_held WHERE {} AND {names}",
+        held_condition("?1")
+    );
+    (sql, params)
+}
+
+/// Parks the ready jobs matching `glob` behind it: a prefix reads its range
+/// of the name index; a GLOB that starts with a wildcard, every ready job.
+pub(super) fn park_matching_sql(glob: &str) -> (String, Vec<Value>) {
+    let mut params = Vec::new();
+    let names = glob_in_range(glob, &mut params);
+    // Without statistics SQLite would take the state's index, every ready
+    // job, over the prefix's range.
+    let index = if params.len() > 1 {
+        "INDEXED BY jobs_name"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "UPDATE jobs {index} SET held_back_by = ?1 WHERE state IN ('QUEUED', 'RUNQUEUED') \
+         AND held_back_by IS NULL AND {names}"
+    );
+    (sql, params)
 }
 
 /// The condition that `pattern` makes on `name`, its parameters appended.
@@ -59,14 +110,11 @@ impl ThrottleTx for SqliteTx<'_> {
     }
 
     fn held_matching(&mut self, glob: &str, now: Timestamp) -> Result<u64, JobError> {
-        let sql = format!(
-            "SELECT COUNT(*) FROM jobs WHERE {} AND name GLOB ?1",
-            held_condition("?2")
-        );
+        let (sql, params) = held_matching_sql(glob, now);
         let count: i64 = self
             .conn
             .prepare_cached(&sql)
-            .and_then(|mut s| s.query_row(params![glob, now.0], |row| row.get(0)))
+            .and_then(|mut s| s.query_row(params_from_iter(&params), |row| row.get(0)))
             .map_err(store_error)?;
         Ok(count.max(0) as u64)
     }
@@ -109,13 +157,11 @@ impl ThrottleTx for SqliteTx<'_> {
     }
 
     fn park_matching(&mut self, glob: &str) -> Result<u64, JobError> {
+        let (sql, params) = park_matching_sql(glob);
         let parked = self
             .conn
-            .prepare_cached(
-                "UPDATE jobs SET held_back_by = ?1 WHERE state IN ('QUEUED', 'RUNQUEUED') \
-                 AND held_back_by IS NULL AND name GLOB ?1",
-            )
-            .and_then(|mut s| s.execute([glob]))
+            .prepare_cached(&sql)
+            .and_then(|mut s| s.execute(params_from_iter(&params)))
             .map_err(store_error)?;
         Ok(parked as u64)
     }

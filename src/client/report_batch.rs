@@ -1,0 +1,383 @@
+//! Reports sent together under load, the way the store commits writes
+//! together: a report that finds none on its way goes by itself, to its own
+//! endpoint; reports that come while one is on its way wait for it, then go
+//! as one `POST /reports` (sent by a task of their own), and so on while
+//! they keep coming. A supervisor with one job at a time sends exactly what
+//! it sent before; one with many saves a request and a commit per report.
+//!
+//! A batch the server refuses whole (an older server without the route, a
+//! report it cannot read, a body too large) sends each of its reports by
+//! itself, to its own endpoint, which says precisely what is wrong with it;
+//! after an older server's refusal, reports are no longer batched.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use reqwest::Method;
+use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
+
+use super::{ClientError, HttpClient};
+use crate::protocol::JobId;
+
+/// The most reports in one request (the server takes up to 256).
+const MAX_REPORTS: usize = 64;
+
+/// About the most bytes of reports in one request (the server takes up to
+/// 64 MiB); a report larger than this goes alone.
+const MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// What became of a report handed to the batch.
+#[derive(Debug)]
+pub enum Sent {
+    /// The server's answer to it.
+    Answered(Result<Value, ClientError>),
+    /// Send it by itself, to its own endpoint.
+    Alone,
+}
+
+/// How a report goes.
+pub enum Turn {
+    /// Nothing is on its way: send it by itself now. The next reports
+    /// wait for this one; dropping the turn (once sent, or if the send is
+    /// abandoned) sends them.
+    Lead(Lead),
+    /// It waits for the report on its way, then goes with the others that
+    /// came meanwhile; the answer comes here.
+    Follow(oneshot::Receiver<Sent>),
+}
+
+/// A report waiting for the next batch.
+struct Waiting {
+    id: JobId,
+    body: Map<String, Value>,
+    size: usize,
+    answer: oneshot::Sender<Sent>,
+}
+
+#[derive(Default)]
+struct State {
+    /// A report or a batch is on its way.
+    busy: bool,
+    waiting: Vec<Waiting>,
+}
+
+/// The reports of one client.
+#[derive(Default, Clone)]
+pub struct ReportBatch {
+    state: Arc<Mutex<State>>,
+    /// Set once the server had no `/reports` route.
+    off: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for ReportBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReportBatch")
+            .field("off", &self.off.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The turn of a report sent by itself; dropping it sends what waits.
+pub struct Lead {
+    batch: ReportBatch,
+    client: HttpClient,
+}
+
+impl ReportBatch {
+    /// Whether reports are batched at all (not after an older server
+    /// refused the route).
+    pub fn on(&self) -> bool {
+        !self.off.load(Ordering::Relaxed)
+    }
+
+    /// Takes a report of job `id`: its body as its own endpoint takes it
+    /// (run facts included), to which a batch adds `jobID` and `outcome`.
+    pub fn turn(
+        &self,
+        client: &HttpClient,
+        id: JobId,
+        outcome: &str,
+        mut body: Map<String, Value>,
+    ) -> Turn {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !state.busy {
+            state.busy = true;
+            return Turn::Lead(Lead {
+                batch: self.clone(),
+                client: client.clone(),
+            });
+        }
+        body.insert("jobID".into(), json!(id));
+        body.insert("outcome".into(), json!(outcome));
+        let size = serde_json::to_string(&body).map_or(0, |text| text.len());
+        let (answer, answered) = oneshot::channel();
+        state.waiting.push(Waiting {
+            id,
+            body,
+            size,
+            answer,
+        });
+        Turn::Follow(answered)
+    }
+
+    /// Takes the next batch off the waiting list, or ends the busy spell.
+    fn next(&self) -> Vec<Waiting> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.waiting.is_empty() {
+            state.busy = false;
+            return Vec::new();
+        }
+        let mut bytes = 0;
+        let mut count = 0;
+        for waiting in &state.waiting {
+            if count == MAX_REPORTS || (count > 0 && bytes + waiting.size > MAX_BYTES) {
+                break;
+            }
+            bytes += waiting.size;
+            count += 1;
+        }
+        state.waiting.drain(..count).collect()
+    }
+
+    /// Sends batches while reports keep waiting.
+    async fn send_waiting(self, client: HttpClient) {
+        loop {
+            let batch = self.next();
+            if batch.is_empty() {
+                return;
+            }
+            self.send(&client, batch).await;
+        }
+    }
+
+    async fn send(&self, client: &HttpClient, batch: Vec<Waiting>) {
+        if batch.len() == 1 || !self.on() {
+            return alone(batch);
+        }
+        let reports: Vec<Value> = batch
+            .iter()
+            .map(|waiting| Value::Object(waiting.body.clone()))
+            .collect();
+        let sent = client
+            .quick(
+                Method::POST,
+                "/reports",
+                Some(&json!({ "reports": reports })),
+            )
+            .await;
+        match sent {
+            Ok(answer) => {
+                let results = answer
+                    .get("results")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                for (index, waiting) in batch.into_iter().enumerate() {
+                    let result = read_result(results.get(index), waiting.id);
+                    let _ = waiting.answer.send(Sent::Answered(result));
+                }
+            }
+            Err(ClientError::Api { code, .. })
+                if code == "no_such_route" || code == "method_not_allowed" =>
+            {
+                tracing::info!(
+                    "the job server takes no batched reports (it is older than this supervisor); each report goes by itself"
+                );
+                self.off.store(true, Ordering::Relaxed);
+                alone(batch);
+            }
+            // Refused whole (a report it cannot read, a body too large):
+            // each to its own endpoint, which says what is wrong with it.
+            Err(ClientError::Api {
+                status: 400 | 413, ..
+            }) => alone(batch),
+            Err(error) => {
+                for waiting in batch {
+                    let _ = waiting.answer.send(Sent::Answered(Err(copy(&error))));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        {
+            let mut state = self.batch.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.waiting.is_empty() {
+                state.busy = false;
+                return;
+            }
+        }
+        let batch = self.batch.clone();
+        let client = self.client.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(batch.send_waiting(client));
+            }
+            // No runtime to send them from: each goes by itself.
+            Err(_) => loop {
+                let waiting = batch.next();
+                if waiting.is_empty() {
+                    break;
+                }
+                alone(waiting);
+            },
+        }
+    }
+}
+
+/// Tells each report to go by itself.
+fn alone(batch: Vec<Waiting>) {
+    for waiting in batch {
+        let _ = waiting.answer.send(Sent::Alone);
+    }
+}
+
+/// A report's result in the batch's answer: `{"jobID": N}`, or with an
+/// `error` as its own endpoint would have answered.
+fn read_result(result: Option<&Value>, id: JobId) -> Result<Value, ClientError> {
+    let unreadable = || ClientError::Transport {
+        url: "/reports".into(),
+        detail: format!("the answer has no result for job {id}"),
+    };
+    let result = result.ok_or_else(unreadable)?;
+    if result.get("jobID").and_then(Value::as_i64) != Some(id) {
+        return Err(unreadable());
+    }
+    let Some(error) = result.get("error") else {
+        return Ok(result.clone());
+    };
+    let text = |key: &str| {
+        error
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    Err(ClientError::Api {
+        status: error
+            .get("status")
+            .and_then(Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok())
+            .unwrap_or(500),
+        code: text("code"),
+        message: text("message"),
+    })
+}
+
+/// The same error again, for each report of a batch that failed whole.
+fn copy(error: &ClientError) -> ClientError {
+    match error {
+        ClientError::Api {
+            status,
+            code,
+            message,
+        } => ClientError::Api {
+            status: *status,
+            code: code.clone(),
+            message: message.clone(),
+        },
+        ClientError::Transport { url, detail } => ClientError::Transport {
+            url: url.clone(),
+            detail: detail.clone(),
+        },
+        other => ClientError::Transport {
+            url: "/reports".into(),
+            detail: other.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client() -> HttpClient {
+        // Nothing listens on port 1: a batch sent there fails to connect.
+        HttpClient::new("http://127.0.0.1:1", None).unwrap()
+    }
+
+    fn follow(turn: Turn) -> oneshot::Receiver<Sent> {
+        match turn {
+            Turn::Follow(answer) => answer,
+            Turn::Lead(_) => panic!("expected to wait for the report on its way"),
+        }
+    }
+
+    #[test]
+    fn the_first_report_goes_alone_and_the_next_ones_wait_for_it_in_order() {
+        let batch = ReportBatch::default();
+        let client = client();
+        let lead = batch.turn(&client, 1, "finish", Map::new());
+        let Turn::Lead(lead) = lead else {
+            panic!("nothing on its way: the report goes by itself");
+        };
+        let mut second = follow(batch.turn(&client, 2, "retry", Map::new()));
+        let _third = follow(batch.turn(&client, 3, "fail", Map::new()));
+        let waiting = batch.next();
+        let ids: Vec<JobId> = waiting.iter().map(|w| w.id).collect();
+        assert_eq!(ids, vec![2, 3]);
+        assert_eq!(waiting[0].body["outcome"], "retry");
+        assert_eq!(waiting[0].body["jobID"], 2);
+        drop(waiting);
+        assert!(
+            second.try_recv().is_err(),
+            "dropped unanswered: its report goes by itself"
+        );
+        // Nothing left: the busy spell ends with the lead (no runtime here,
+        // nothing to send), and the next report goes by itself again.
+        drop(lead);
+        assert!(matches!(
+            batch.turn(&client, 4, "finish", Map::new()),
+            Turn::Lead(_)
+        ));
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_its_count_and_about_its_bytes() {
+        let batch = ReportBatch::default();
+        let client = client();
+        let _lead = batch.turn(&client, 1, "finish", Map::new());
+        let _small: Vec<_> = (0..70)
+            .map(|id| batch.turn(&client, 10 + id, "finish", Map::new()))
+            .collect();
+        assert_eq!(batch.next().len(), MAX_REPORTS);
+        assert_eq!(batch.next().len(), 70 - MAX_REPORTS);
+        let mut big = Map::new();
+        big.insert(
+            "data".into(),
+            json!({"blob": "x".repeat(MAX_BYTES / 2 + 1)}),
+        );
+        let _big: Vec<_> = (0..3)
+            .map(|id| batch.turn(&client, 100 + id, "finish", big.clone()))
+            .collect();
+        for _ in 0..3 {
+            assert_eq!(batch.next().len(), 1, "two would pass the byte bound");
+        }
+        assert!(batch.next().is_empty());
+    }
+
+    #[tokio::test]
+    async fn waiting_reports_are_sent_when_the_lead_ends_and_each_hears_the_outcome() {
+        let batch = ReportBatch::default();
+        let client = client();
+        let lead = batch.turn(&client, 1, "finish", Map::new());
+        let answers: Vec<_> = (2..=3)
+            .map(|id| follow(batch.turn(&client, id, "finish", Map::new())))
+            .collect();
+        drop(lead);
+        for answer in answers {
+            let sent = tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+                .await
+                .expect("answered")
+                .expect("not dropped");
+            assert!(
+                matches!(sent, Sent::Answered(Err(ClientError::Transport { .. }))),
+                "the batch's own failure, for each report: {sent:?}"
+            );
+        }
+    }
+}
