@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::report_batch::{ReportBatch, Sent, Turn};
+use super::report_batch::{MAX_WAIT, ReportBatch, Sent, Turn};
 use super::source::{
     JobSource, LeasedJob, Report, SourceError, hand_back_by_retry, read_handouts, refuse_unreadable,
 };
@@ -82,7 +82,9 @@ fn source_error(error: ClientError) -> SourceError {
         | ClientError::BadList { .. }
         | ClientError::CaCert { .. } => SourceError::Unavailable(error.to_string()),
         ClientError::Api { ref code, .. } if code == "lease_lost" => SourceError::LeaseLost(0),
-        ClientError::Api { status, .. } if status >= 500 => {
+        // A server too busy or too slow for it now (its own 5xx, or a
+        // proxy's 408 or 429): the report is spooled and sent again.
+        ClientError::Api { status, .. } if status >= 500 || status == 408 || status == 429 => {
             SourceError::Unavailable(error.to_string())
         }
         ClientError::Api { status: 404, .. } => SourceError::NotFound(error.to_string()),
@@ -356,8 +358,16 @@ impl JobSource for HttpSource {
                 }
                 match self.batch.turn(&self.client, id, report.kind(), body) {
                     Turn::Lead(lead) => _lead = Some(lead),
-                    Turn::Follow(answer) => {
-                        if let Ok(Sent::Answered(sent)) = answer.await {
+                    Turn::Follow(mut answer) => {
+                        let waited = tokio::time::timeout(MAX_WAIT, &mut answer).await;
+                        let answered = match waited {
+                            Ok(answered) => answered.ok(),
+                            // Not yet taken into a batch: it goes alone.
+                            Err(_) if self.batch.leave(id) => None,
+                            // On its way in a batch: its answer comes.
+                            Err(_) => answer.await.ok(),
+                        };
+                        if let Some(Sent::Answered(sent)) = answered {
                             return reported(id, sent);
                         }
                     }

@@ -8,7 +8,12 @@
 //! A batch the server refuses whole (an older server without the route, a
 //! report it cannot read, a body too large) sends each of its reports by
 //! itself, to its own endpoint, which says precisely what is wrong with it;
-//! after an older server's refusal, reports are no longer batched.
+//! after an older server's refusal, reports are no longer batched. So does a
+//! report the store could not take (a 5xx of its own), which may then go to
+//! another server of the store, and one that waited [`MAX_WAIT`] without
+//! being taken into a batch. A report whose sender stopped waiting is still
+//! sent: a report is never dropped for its caller's sake (a second one of a
+//! job is refused under its lease).
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -27,6 +32,11 @@ const MAX_REPORTS: usize = 64;
 /// About the most bytes of reports in one request (the server takes up to
 /// 64 MiB); a report larger than this goes alone.
 const MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// The longest a report waits to be taken into a batch (behind a report or
+/// batch on its way that the server is slow to answer) before it goes
+/// alone: a worker's lease is no longer renewed once it ended.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What became of a report handed to the batch.
 #[derive(Debug)]
@@ -129,26 +139,48 @@ impl ReportBatch {
             state.busy = false;
             return Vec::new();
         }
-        let mut bytes = 0;
-        let mut count = 0;
-        for waiting in &state.waiting {
-            if count == MAX_REPORTS || (count > 0 && bytes + waiting.size > MAX_BYTES) {
-                break;
-            }
-            bytes += waiting.size;
-            count += 1;
-        }
-        state.waiting.drain(..count).collect()
+        take_batch(&mut state.waiting)
     }
 
-    /// Sends batches while reports keep waiting.
+    /// Sends batches while reports keep waiting. If this ends early (a
+    /// panic, the runtime shutting down), what still waits goes alone and
+    /// the next report leads again.
     async fn send_waiting(self, client: HttpClient) {
+        struct Ended(ReportBatch);
+        impl Drop for Ended {
+            fn drop(&mut self) {
+                let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.busy = false;
+                alone(std::mem::take(&mut state.waiting));
+            }
+        }
+        let _ended = Ended(self.clone());
         loop {
-            let batch = self.next();
+            let batch = self.next_or_keep_busy();
             if batch.is_empty() {
                 return;
             }
             self.send(&client, batch).await;
+        }
+    }
+
+    /// Takes the next batch off the waiting list (staying busy while it is
+    /// sent), or an empty one when none waits.
+    fn next_or_keep_busy(&self) -> Vec<Waiting> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        take_batch(&mut state.waiting)
+    }
+
+    /// A report that waited [`MAX_WAIT`] without being taken into a batch
+    /// leaves the list and goes alone; `true` if it was still there.
+    pub fn leave(&self, id: JobId) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match state.waiting.iter().position(|waiting| waiting.id == id) {
+            Some(index) => {
+                state.waiting.remove(index);
+                true
+            }
+            None => false,
         }
     }
 
@@ -175,8 +207,13 @@ impl ReportBatch {
                     .cloned()
                     .unwrap_or_default();
                 for (index, waiting) in batch.into_iter().enumerate() {
-                    let result = read_result(results.get(index), waiting.id);
-                    let _ = waiting.answer.send(Sent::Answered(result));
+                    let sent = match read_result(results.get(index), waiting.id) {
+                        // The store could not take it: alone, the report
+                        // may go to another server of the store.
+                        Err(ClientError::Api { status, .. }) if status >= 500 => Sent::Alone,
+                        result => Sent::Answered(result),
+                    };
+                    let _ = waiting.answer.send(sent);
                 }
             }
             Err(ClientError::Api { code, .. })
@@ -188,11 +225,15 @@ impl ReportBatch {
                 self.off.store(true, Ordering::Relaxed);
                 alone(batch);
             }
-            // Refused whole (a report it cannot read, a body too large):
-            // each to its own endpoint, which says what is wrong with it.
-            Err(ClientError::Api {
-                status: 400 | 413, ..
-            }) => alone(batch),
+            // Refused whole for any other reason than the token (a report
+            // it cannot read, a body too large or too slow, a proxy's
+            // refusal): each to its own endpoint, which says what is wrong
+            // with it, or takes it.
+            Err(ClientError::Api { status, .. })
+                if (400..500).contains(&status) && status != 401 && status != 403 =>
+            {
+                alone(batch)
+            }
             Err(error) => {
                 for waiting in batch {
                     let _ = waiting.answer.send(Sent::Answered(Err(copy(&error))));
@@ -227,6 +268,20 @@ impl Drop for Lead {
             },
         }
     }
+}
+
+/// The first reports waiting, up to [`MAX_REPORTS`] and about [`MAX_BYTES`].
+fn take_batch(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
+    let mut bytes = 0;
+    let mut count = 0;
+    for report in waiting.iter() {
+        if count == MAX_REPORTS || (count > 0 && bytes + report.size > MAX_BYTES) {
+            break;
+        }
+        bytes += report.size;
+        count += 1;
+    }
+    waiting.drain(..count).collect()
 }
 
 /// Tells each report to go by itself.
@@ -358,6 +413,111 @@ mod tests {
             assert_eq!(batch.next().len(), 1, "two would pass the byte bound");
         }
         assert!(batch.next().is_empty());
+    }
+
+    /// A server on loopback that answers `POST /reports` with `status` and
+    /// `body`, as a server of another version or a proxy might.
+    async fn answering(status: u16, body: Value) -> HttpClient {
+        let router = axum::Router::new().route(
+            "/reports",
+            axum::routing::post(move || {
+                let body = body.clone();
+                async move {
+                    (
+                        axum::http::StatusCode::from_u16(status).unwrap(),
+                        axum::Json(body),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        HttpClient::new(&format!("http://{addr}"), None).unwrap()
+    }
+
+    /// Sends jobs 1 and 2 as one batch through `client`; what each heard.
+    async fn batch_of_two(batch: &ReportBatch, client: &HttpClient) -> Vec<Sent> {
+        let lead = batch.turn(client, 9, "finish", Map::new());
+        let answers: Vec<_> = (1..=2)
+            .map(|id| follow(batch.turn(client, id, "finish", Map::new())))
+            .collect();
+        drop(lead);
+        let mut heard = Vec::new();
+        for answer in answers {
+            heard.push(
+                tokio::time::timeout(std::time::Duration::from_secs(60), answer)
+                    .await
+                    .expect("answered")
+                    .expect("not dropped"),
+            );
+        }
+        heard
+    }
+
+    #[tokio::test]
+    async fn a_server_without_the_route_gets_each_report_alone_from_then_on() {
+        let client = answering(
+            404,
+            json!({"code": "no_such_route", "message": "no route POST /reports"}),
+        )
+        .await;
+        let batch = ReportBatch::default();
+        let heard = batch_of_two(&batch, &client).await;
+        assert!(
+            heard.iter().all(|sent| matches!(sent, Sent::Alone)),
+            "{heard:?}"
+        );
+        assert!(!batch.on(), "no more batches to this server");
+    }
+
+    #[tokio::test]
+    async fn a_batch_refused_whole_sends_each_alone_but_for_the_token() {
+        for (status, code, alone) in [
+            (408, "request_timeout", true),
+            (400, "invalid_request", true),
+            (413, "body_too_large", true),
+            (401, "unauthorized", false),
+        ] {
+            let client = answering(status, json!({"code": code, "message": "no"})).await;
+            let batch = ReportBatch::default();
+            for sent in batch_of_two(&batch, &client).await {
+                match sent {
+                    Sent::Alone => assert!(alone, "{status}: sent alone"),
+                    Sent::Answered(Err(ClientError::Api { status: got, .. })) => {
+                        assert!(!alone && got == status, "{status}: answered {got}")
+                    }
+                    other => panic!("{status}: {other:?}"),
+                }
+            }
+            assert!(batch.on(), "{status}: batches go on");
+        }
+    }
+
+    #[tokio::test]
+    async fn each_report_hears_its_own_result_and_a_store_error_goes_alone() {
+        let client = answering(
+            200,
+            json!({"results": [
+                {"jobID": 1, "error": {"status": 409, "code": "lease_lost", "message": "gone"}},
+                {"jobID": 2, "error": {"status": 503, "code": "store_unavailable", "message": "full"}},
+            ]}),
+        )
+        .await;
+        let heard = batch_of_two(&ReportBatch::default(), &client).await;
+        assert!(
+            matches!(&heard[0], Sent::Answered(Err(ClientError::Api { status: 409, code, .. })) if code == "lease_lost"),
+            "{heard:?}"
+        );
+        assert!(matches!(heard[1], Sent::Alone), "{heard:?}");
+        // An answer that names other jobs is no answer for these.
+        let client = answering(200, json!({"results": [{"jobID": 7}]})).await;
+        for sent in batch_of_two(&ReportBatch::default(), &client).await {
+            assert!(
+                matches!(sent, Sent::Answered(Err(ClientError::Transport { .. }))),
+                "{sent:?}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -7,7 +7,9 @@
 //! the store at once so that they share its commits, and the answer says,
 //! report by report and in order, `{"jobID": N}` or `{"jobID": N, "error":
 //! {"status", "code", "message"}}` as the report's own endpoint would have
-//! answered.
+//! answered. One difference, as the API document says: a retry's `delay`
+//! of more than 99,999,999 seconds is refused here even beside a `nextRun`
+//! (which its own endpoint would follow instead).
 
 use std::collections::HashSet;
 
@@ -88,8 +90,9 @@ fn read(index: usize, mut report: Map<String, Value>) -> Result<(JobId, Outcome)
                 .map_err(checked)?,
         ),
         other => {
+            let shown: String = other.chars().take(32).collect();
             return Err(refuse(format!(
-                "outcome {other:?} is not finish, retry or fail"
+                "outcome {shown:?} is not finish, retry or fail"
             )));
         }
     };

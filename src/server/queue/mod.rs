@@ -338,7 +338,7 @@ impl Queue {
                     // supervisors' row locks after that write's own, an order
                     // that deadlocks against claims taking them first.
                     let served = if serve && !shared {
-                        serving::serve_sleepers(&mut tx, &waiters)
+                        serving::serve_sleepers(&mut tx, &waiters)?
                     } else {
                         serving::Served::default()
                     };

@@ -26,6 +26,7 @@ use super::rules;
 use super::tracked::Tracked;
 use super::waiters::{Servable, Waiters};
 use super::{Inner, Queue};
+use crate::protocol::JobError;
 use crate::protocol::view::HandOut;
 
 /// Requests served in a transaction, with what each was handed, to answer
@@ -37,12 +38,17 @@ pub struct Served(Vec<(Servable, Vec<HandOut>)>);
 /// now would wake, claiming for each in the transaction. The jobs handed
 /// out are no longer woken for after the commit. Each claim is undone on
 /// its own if it fails (or panics): its request then claims for itself,
-/// and the write that made the jobs due goes on unharmed.
-pub fn serve_sleepers(tx: &mut Tracked, waiters: &Waiters) -> Served {
+/// and the write that made the jobs due goes on unharmed; only a claim that
+/// cannot be undone fails the write (its transaction is broken).
+///
+/// Runs last in the write, after the throttles' freed slots were woken
+/// for: what an undone claim leaves in the transaction's record of the jobs
+/// it read (`Tracked`'s throttle bookkeeping) is read by nothing after it.
+pub fn serve_sleepers(tx: &mut Tracked, waiters: &Waiters) -> Result<Served, JobError> {
     let due = tx.due_now();
     let mut served = Served::default();
     if due.is_empty() {
-        return served;
+        return Ok(served);
     }
     for servable in waiters.take_servable(&due) {
         let Ok(mark) = tx.mark() else {
@@ -64,13 +70,11 @@ pub fn serve_sleepers(tx: &mut Tracked, waiters: &Waiters) -> Served {
                         "serving a waiting GetJob panicked; undone, it claims for itself"
                     );
                 }
-                if let Err(error) = tx.undo_since_mark(mark) {
-                    tracing::error!(%error, "could not undo a failed claim for a waiting GetJob");
-                }
+                tx.undo_since_mark(mark)?;
             }
         }
     }
-    served
+    Ok(served)
 }
 
 impl Served {

@@ -889,6 +889,13 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn mark(&mut self) -> Result<(), JobError> {
+        // Outside a transaction (SQLite ended it on an error of its own), a
+        // savepoint would begin one of its own and commit on release.
+        if self.conn.is_autocommit() {
+            return Err(JobError::Store(
+                "the transaction was rolled back by SQLite".into(),
+            ));
+        }
         run_cached(self.conn, "SAVEPOINT part").map_err(store_error)
     }
     fn keep_since_mark(&mut self) -> Result<(), JobError> {
