@@ -164,7 +164,7 @@ pub async fn run(
     launcher.reaped(pid);
     kill_group(pid, Signal::SIGKILL);
     // Nothing left in the cgroups (the usual end): no kill, no hand-off.
-    if !tree.as_ref().is_some_and(|tree| tree.seen_empty()) {
+    if !tree.as_ref().is_some_and(|tree| tree.empty_now()) {
         kill_tree(tree.as_ref()).await;
     }
     super::job_guard::ended(pid);

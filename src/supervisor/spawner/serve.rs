@@ -14,6 +14,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::libc;
@@ -408,7 +409,9 @@ struct ChildArgs<'a> {
     program: &'a CString,
     argv: &'a [*const libc::c_char],
     env: &'a [*const libc::c_char],
-    errors: RawFd,
+    /// Where the child leaves the errno of the step that failed (it shares
+    /// this process's memory until its exec); 0 while none did.
+    failed: &'a AtomicI32,
 }
 
 /// The child's entry point: the worker's steps, then its exec.
@@ -424,7 +427,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             args.program,
             args.argv,
             args.env,
-            args.errors,
+            args.failed,
         )
     }
 }
@@ -434,8 +437,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 /// `CLONE_VFORK`, as `posix_spawn` does: no page tables are copied, and
 /// this process sleeps until the exec); the child takes its descriptors,
 /// its own session, its working directory and the sandbox's steps, then
-/// execs. Returns its pid, or the errno of the step that failed (reported
-/// by the child over a close-on-exec pipe).
+/// execs. Returns its pid, or the errno of the step that failed (left by
+/// the child in memory they share: no pipe to make, read and close per
+/// worker).
 fn spawn_worker(
     spawn: &SpawnRequest,
     fds: &[OwnedFd],
@@ -486,8 +490,7 @@ fn spawn_worker(
         fds[2].as_raw_fd(),
         fds[3].as_raw_fd(),
     ];
-    let (errors_read, errors_write) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e as i32)?;
+    let failed = AtomicI32::new(0);
     let args = ChildArgs {
         sources: &sources,
         cwd: &cwd,
@@ -495,7 +498,7 @@ fn spawn_worker(
         program: &program,
         argv: &argv_ptrs,
         env: &env_ptrs,
-        errors: errors_write.as_raw_fd(),
+        failed: &failed,
     };
     // The stack grows down from its 16-byte-aligned top.
     let top = {
@@ -517,36 +520,25 @@ fn spawn_worker(
         -1 => Err(std::io::Error::last_os_error()
             .raw_os_error()
             .unwrap_or(libc::EAGAIN)),
-        pid => {
-            drop(errors_write);
-            let mut errno = [0u8; 4];
-            let read = loop {
-                // SAFETY: reads into `errno`, of its own size.
-                let read =
-                    unsafe { libc::read(errors_read.as_raw_fd(), errno.as_mut_ptr().cast(), 4) };
-                if read < 0
-                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-                {
-                    continue;
-                }
-                break read;
-            };
-            if read == 4 {
+        // Back once the child execed or exited (CLONE_VFORK): what it
+        // left is there to read.
+        pid => match failed.load(Ordering::SeqCst) {
+            0 => Ok(pid),
+            errno => {
                 let mut status = 0;
                 // SAFETY: reaps the child that failed before its exec.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
-                return Err(i32::from_ne_bytes(errno));
+                Err(errno)
             }
-            Ok(pid)
-        }
+        },
     }
 }
 
 /// The child's side of [`spawn_worker`].
 ///
 /// # Safety
-/// Call only in the child of a fork or of a `CLONE_VM | CLONE_VFORK`
-/// clone; it never returns.
+/// Call only in the child of a `CLONE_VM | CLONE_VFORK` clone (`failed`
+/// must be the parent's own memory); it never returns.
 unsafe fn exec_worker(
     sources: &[RawFd; 4],
     cwd: &CString,
@@ -554,13 +546,12 @@ unsafe fn exec_worker(
     program: &CString,
     argv: &[*const libc::c_char],
     env: &[*const libc::c_char],
-    errors: RawFd,
+    failed: &AtomicI32,
 ) -> ! {
-    // SAFETY: plain system calls on values prepared before the fork.
+    // SAFETY: plain system calls on values prepared before the clone.
     unsafe {
         let fail = |errno: i32| -> ! {
-            let bytes = errno.to_ne_bytes();
-            libc::write(errors, bytes.as_ptr().cast(), 4);
+            failed.store(if errno == 0 { libc::EIO } else { errno }, Ordering::SeqCst);
             libc::_exit(127)
         };
         let last = || {
