@@ -926,14 +926,20 @@ impl StoreTx for SqliteTx<'_> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_sweeper_and_scheduler_read_their_partial_indexes() {
+    /// A new store's file, and a connection to it set up as the writer's
+    /// (planning without looking at values).
+    fn writer_on_new_store() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.db");
         drop(SqliteStore::open(&path).unwrap());
-        // Planned as the writer plans them: without looking at values.
         let conn = Connection::open(&path).unwrap();
         set_up_writer(&conn).unwrap();
+        (dir, conn)
+    }
+
+    #[test]
+    fn the_sweeper_and_scheduler_read_their_partial_indexes() {
+        let (_dir, conn) = writer_on_new_store();
         for (sql, index) in [
             (expired_leases_sql(), "jobs_lease"),
             (due_between_sql(), "jobs_due"),
@@ -948,15 +954,12 @@ mod tests {
                 "attempts_open",
             ),
         ] {
-            let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let count = statement.parameter_count();
-            let params: Vec<i64> = vec![1; count];
-            let plan: Vec<String> = statement
-                .query_map(rusqlite::params_from_iter(params), |row| row.get(3))
-                .unwrap()
-                .map(Result::unwrap)
-                .collect();
-            let plan = plan.join("\n");
+            let count = conn.prepare(&sql).unwrap().parameter_count();
+            let plan = plan_of(
+                &conn,
+                &sql,
+                &vec![rusqlite::types::Value::Integer(1); count],
+            );
             assert!(plan.contains(&format!("INDEX {index}")), "{sql}: {plan}");
             assert!(!plan.contains("jobs_state"), "{sql}: {plan}");
             assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
@@ -976,11 +979,7 @@ mod tests {
 
     #[test]
     fn the_writers_glob_matches_read_the_range_of_their_prefix() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("jobs.db");
-        drop(SqliteStore::open(&path).unwrap());
-        let conn = Connection::open(&path).unwrap();
-        set_up_writer(&conn).unwrap();
+        let (_dir, conn) = writer_on_new_store();
         use super::super::sqlite_throttles::{held_matching_sql, park_matching_sql};
         let (sql, params) = held_matching_sql("Email*", Timestamp(0));
         let plan = plan_of(&conn, &sql, &params);
@@ -1026,11 +1025,8 @@ mod tests {
 
     #[test]
     fn the_writers_statements_are_planned_once_whatever_their_values() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, conn) = writer_on_new_store();
         let path = dir.path().join("jobs.db");
-        drop(SqliteStore::open(&path).unwrap());
-        let conn = Connection::open(&path).unwrap();
-        set_up_writer(&conn).unwrap();
         let mut tx = SqliteTx { conn: &conn };
         // The claim and report path's reads, each run with changing values:
         // a GLOB pattern, every priority, ids on either side of a partial
