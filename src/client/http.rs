@@ -11,7 +11,7 @@ use super::servers::Servers;
 use crate::auth::ApiToken;
 
 /// Why a call to the server did not succeed.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum ClientError {
     /// The server answered with an error.
     #[error("{message} ({code}, HTTP {status})")]
@@ -64,6 +64,23 @@ impl ClientError {
     /// Whether the server said the thing asked for does not exist.
     pub fn is_not_found(&self) -> bool {
         matches!(self, ClientError::Api { status: 404, .. })
+    }
+
+    /// The server's error answer, `{"code": …, "message": …}`, with its
+    /// HTTP status (a field it lacks reads as empty).
+    pub(crate) fn from_answer(status: u16, answer: &Value) -> Self {
+        let field = |key: &str| {
+            answer
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        ClientError::Api {
+            status,
+            code: field("code"),
+            message: field("message"),
+        }
     }
 }
 
@@ -243,22 +260,7 @@ impl HttpClient {
         if (200..300).contains(&status) {
             return Ok(Ok(value));
         }
-        let field = |key: &str| {
-            value
-                .get(key)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        let mut message = field("message");
-        if let (401, Some(hint)) = (status, &self.hint) {
-            message = format!("{message}. {hint}");
-        }
-        let error = ClientError::Api {
-            status,
-            code: field("code"),
-            message,
-        };
+        let error = self.refusal(status, &value);
         if status == 503 && self.servers.count() > 1 {
             // Its store is unavailable: it did nothing, another may.
             return Err(Failed {
@@ -298,22 +300,18 @@ impl HttpClient {
             .json()
             .await
             .unwrap_or_else(|_| Value::Object(Default::default()));
-        let field = |key: &str| {
-            value
-                .get(key)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        let mut message = field("message");
-        if let (401, Some(hint)) = (status, &self.hint) {
-            message = format!("{message}. {hint}");
+        Err(self.refusal(status, &value))
+    }
+
+    /// The server's refusal, said with the hint for a `401`.
+    fn refusal(&self, status: u16, answer: &Value) -> ClientError {
+        let mut error = ClientError::from_answer(status, answer);
+        if let (ClientError::Api { message, .. }, 401, Some(hint)) =
+            (&mut error, status, &self.hint)
+        {
+            *message = format!("{message}. {hint}");
         }
-        Err(ClientError::Api {
-            status,
-            code: field("code"),
-            message,
-        })
+        error
     }
 
     /// A call that answers within a minute.

@@ -132,31 +132,19 @@ impl ReportBatch {
         Turn::Follow(answered)
     }
 
-    /// Takes the next batch off the waiting list, or ends the busy spell.
-    fn next(&self) -> Vec<Waiting> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.waiting.is_empty() {
-            state.busy = false;
-            return Vec::new();
-        }
-        take_batch(&mut state.waiting)
-    }
-
-    /// Sends batches while reports keep waiting. If this ends early (a
-    /// panic, the runtime shutting down), what still waits goes alone and
-    /// the next report leads again.
+    /// Sends batches while reports keep waiting, then ends the busy spell.
+    /// If this ends early (a panic, the runtime shutting down), what still
+    /// waits goes alone and the next report leads again.
     async fn send_waiting(self, client: HttpClient) {
         struct Ended(ReportBatch);
         impl Drop for Ended {
             fn drop(&mut self) {
-                let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-                state.busy = false;
-                alone(std::mem::take(&mut state.waiting));
+                self.0.end_busy_spell();
             }
         }
         let _ended = Ended(self.clone());
         loop {
-            let batch = self.next_or_keep_busy();
+            let batch = self.next_batch();
             if batch.is_empty() {
                 return;
             }
@@ -164,9 +152,17 @@ impl ReportBatch {
         }
     }
 
+    /// Ends the busy spell: the next report leads, and what still waits
+    /// (came after the last batch was taken) goes alone.
+    fn end_busy_spell(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.busy = false;
+        alone(std::mem::take(&mut state.waiting));
+    }
+
     /// Takes the next batch off the waiting list (staying busy while it is
     /// sent), or an empty one when none waits.
-    fn next_or_keep_busy(&self) -> Vec<Waiting> {
+    fn next_batch(&self) -> Vec<Waiting> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         take_batch(&mut state.waiting)
     }
@@ -236,7 +232,7 @@ impl ReportBatch {
             }
             Err(error) => {
                 for waiting in batch {
-                    let _ = waiting.answer.send(Sent::Answered(Err(copy(&error))));
+                    let _ = waiting.answer.send(Sent::Answered(Err(error.clone())));
                 }
             }
         }
@@ -259,13 +255,7 @@ impl Drop for Lead {
                 runtime.spawn(batch.send_waiting(client));
             }
             // No runtime to send them from: each goes by itself.
-            Err(_) => loop {
-                let waiting = batch.next();
-                if waiting.is_empty() {
-                    break;
-                }
-                alone(waiting);
-            },
+            Err(_) => batch.end_busy_spell(),
         }
     }
 }
@@ -305,45 +295,12 @@ fn read_result(result: Option<&Value>, id: JobId) -> Result<Value, ClientError> 
     let Some(error) = result.get("error") else {
         return Ok(result.clone());
     };
-    let text = |key: &str| {
-        error
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    Err(ClientError::Api {
-        status: error
-            .get("status")
-            .and_then(Value::as_u64)
-            .and_then(|s| u16::try_from(s).ok())
-            .unwrap_or(500),
-        code: text("code"),
-        message: text("message"),
-    })
-}
-
-/// The same error again, for each report of a batch that failed whole.
-fn copy(error: &ClientError) -> ClientError {
-    match error {
-        ClientError::Api {
-            status,
-            code,
-            message,
-        } => ClientError::Api {
-            status: *status,
-            code: code.clone(),
-            message: message.clone(),
-        },
-        ClientError::Transport { url, detail } => ClientError::Transport {
-            url: url.clone(),
-            detail: detail.clone(),
-        },
-        other => ClientError::Transport {
-            url: "/reports".into(),
-            detail: other.to_string(),
-        },
-    }
+    let status = error
+        .get("status")
+        .and_then(Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok())
+        .unwrap_or(500);
+    Err(ClientError::from_answer(status, error))
 }
 
 #[cfg(test)]
@@ -372,7 +329,7 @@ mod tests {
         };
         let mut second = follow(batch.turn(&client, 2, "retry", Map::new()));
         let _third = follow(batch.turn(&client, 3, "fail", Map::new()));
-        let waiting = batch.next();
+        let waiting = batch.next_batch();
         let ids: Vec<JobId> = waiting.iter().map(|w| w.id).collect();
         assert_eq!(ids, vec![2, 3]);
         assert_eq!(waiting[0].body["outcome"], "retry");
@@ -399,8 +356,8 @@ mod tests {
         let _small: Vec<_> = (0..70)
             .map(|id| batch.turn(&client, 10 + id, "finish", Map::new()))
             .collect();
-        assert_eq!(batch.next().len(), MAX_REPORTS);
-        assert_eq!(batch.next().len(), 70 - MAX_REPORTS);
+        assert_eq!(batch.next_batch().len(), MAX_REPORTS);
+        assert_eq!(batch.next_batch().len(), 70 - MAX_REPORTS);
         let mut big = Map::new();
         big.insert(
             "data".into(),
@@ -410,9 +367,9 @@ mod tests {
             .map(|id| batch.turn(&client, 100 + id, "finish", big.clone()))
             .collect();
         for _ in 0..3 {
-            assert_eq!(batch.next().len(), 1, "two would pass the byte bound");
+            assert_eq!(batch.next_batch().len(), 1, "two would pass the byte bound");
         }
-        assert!(batch.next().is_empty());
+        assert!(batch.next_batch().is_empty());
     }
 
     /// A server on loopback that answers `POST /reports` with `status` and

@@ -140,6 +140,22 @@ fn a_batch_with_a_report_it_cannot_read_is_refused_whole_and_changes_nothing() {
         let message = answer.1["message"].as_str().unwrap_or("");
         assert!(message.contains(says), "{body} → {message}");
     }
+    // The single endpoints read run facts the same way.
+    for (run, says) in [
+        (json!([null, null]), "an object is expected"),
+        (
+            json!({"stdoutBytes": 9_223_372_036_854_775_808u64}),
+            "run.stdoutBytes",
+        ),
+    ] {
+        let answer = api.post(
+            &format!("/jobs/{}/finish", id(&jobs[0])),
+            json!({"lease": jobs[0]["lease"], "run": run}),
+        );
+        assert_eq!(answer.0, 400, "{run} → {}", answer.1);
+        let message = answer.1["message"].as_str().unwrap_or("");
+        assert!(message.contains(says), "{run} → {message}");
+    }
     // Nothing was finished by any of them. (A report its own endpoint
     // reads but then refuses, as a negative delay, is refused on its own:
     // see the test above.)

@@ -45,8 +45,12 @@ pub struct Served(Vec<(Servable, Vec<HandOut>)>);
 /// for: what an undone claim leaves in the transaction's record of the jobs
 /// it read (`Tracked`'s throttle bookkeeping) is read by nothing after it.
 pub fn serve_sleepers(tx: &mut Tracked, waiters: &Waiters) -> Result<Served, JobError> {
-    let due = tx.due_now();
     let mut served = Served::default();
+    // Under load nobody sleeps: a create then lists nothing.
+    if !waiters.any_servable() {
+        return Ok(served);
+    }
+    let due = tx.due_now();
     if due.is_empty() {
         return Ok(served);
     }

@@ -296,6 +296,17 @@ impl Waiters {
         served
     }
 
+    /// Whether any sleeping request offers to be served: a write checks
+    /// this before it lists the jobs it made due.
+    pub fn any_servable(&self) -> bool {
+        self.list
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .iter()
+            .any(|entry| entry.servable.is_some())
+    }
+
     /// Wakes every waiter (at shutdown, or when too many jobs became due at
     /// once to name them).
     pub fn wake_all(&self) {
