@@ -148,14 +148,7 @@ fn the_stream_delivers_every_state_change_of_1000_jobs_in_order_per_job() {
     let jobs: Vec<Value> = (0..1000)
         .map(|i| json!({"name": format!("ev-many-{}", i % 4)}))
         .collect();
-    let (status, answer) = api.post("/jobs/batch", json!({"jobs": jobs}));
-    assert_eq!(status, 200, "{answer}");
-    let ids: Vec<i64> = answer["jobIDs"]
-        .as_array()
-        .expect("jobIDs")
-        .iter()
-        .map(|id| id.as_i64().expect("id"))
-        .collect();
+    let ids = api.create_batch(jobs);
     // What each job goes through, by its name's number: 0 finished, 1
     // retried then finished, 2 failed then deleted, 3 progress then finished.
     let plan = |name: &str| name.rsplit('-').next().unwrap().parse::<u32>().unwrap();

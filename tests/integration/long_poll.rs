@@ -300,14 +300,7 @@ fn several_waiters_each_get_one_distinct_job() {
     let jobs: Vec<Value> = (0..5)
         .map(|i| json!({"name": format!("lp-many-{i}")}))
         .collect();
-    let (status, answer) = api.post("/jobs/batch", json!({"jobs": jobs}));
-    assert_eq!(status, 200, "{answer}");
-    let created: HashSet<i64> = answer["jobIDs"]
-        .as_array()
-        .expect("jobIDs")
-        .iter()
-        .map(|id| id.as_i64().expect("id"))
-        .collect();
+    let created: HashSet<i64> = api.create_batch(jobs).into_iter().collect();
     assert_eq!(created.len(), 5);
 
     let mut got = HashSet::new();

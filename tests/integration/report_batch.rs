@@ -189,14 +189,7 @@ fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
     let jobs: Vec<Value> = (0..count)
         .map(|_| json!({"name": "Quick", "repeat": "FINISHED, +1 HOUR"}))
         .collect();
-    let (status, answer) = api.post("/jobs/batch", json!({"jobs": jobs}));
-    assert_eq!(status, 200, "{answer}");
-    let ids: Vec<i64> = answer["jobIDs"]
-        .as_array()
-        .expect("jobIDs")
-        .iter()
-        .map(|id| id.as_i64().expect("id"))
-        .collect();
+    let ids = api.create_batch(jobs);
     // Every job ran once and was finished (back in the queue for its next
     // hour, with the data its worker gave).
     wait_for("every job to be finished once", &sup, || {

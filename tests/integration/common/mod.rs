@@ -653,6 +653,18 @@ impl Api {
         answer["jobID"].as_i64().expect("jobID")
     }
 
+    /// CreateJobs (`POST /jobs/batch`); returns the new ids, in order.
+    pub fn create_batch(&self, jobs: Vec<Value>) -> Vec<i64> {
+        let (status, answer) = self.post("/jobs/batch", json!({ "jobs": jobs }));
+        assert_eq!(status, 200, "batch create failed: {answer}");
+        answer["jobIDs"]
+            .as_array()
+            .expect("jobIDs")
+            .iter()
+            .map(|id| id.as_i64().expect("id"))
+            .collect()
+    }
+
     /// Dequeues without waiting; returns the jobs handed out.
     pub fn dequeue(&self, body: Value) -> Vec<Value> {
         let (status, answer) = self.post("/dequeue", body);
