@@ -166,38 +166,111 @@ impl JobTask {
         facts: JobFacts<'_>,
         on_board: Arc<super::status::OnBoard>,
     ) -> Result<(Decision, Option<RunFacts>), NotRun> {
-        let attempt = facts.attempt;
         let settings = &self.generation.settings;
         let job_settings = self.job_settings();
-        let sandbox = &self.generation.sandboxes[self.rule()];
 
-        // Keep the lease from the start, also while waiting for a slot.
-        let lease_lost = Arc::new(AtomicBool::new(false));
+        // Keep the lease from the start, also while waiting for a slot. The
+        // renewals and the progress updates are futures of this task, as is
+        // the worker's run: no task of their own per job.
+        let lease_lost = AtomicBool::new(false);
         let worker_stop = self.stop.child_token();
         let (progress_tx, progress_rx) = mpsc::channel(64);
         let watchers = CancellationToken::new();
-        let _stop_watchers = watchers.clone().drop_guard();
-        let heartbeat = tokio::spawn(
-            heartbeat(
-                self.shared.clone(),
-                self.job.clone(),
-                settings.lease,
-                job_settings.kill_grace,
-                lease_lost.clone(),
-                worker_stop.clone(),
-                watchers.clone(),
-            )
-            .in_current_span(),
+        let heartbeat = heartbeat(
+            &self.shared,
+            &self.job,
+            settings.lease,
+            job_settings.kill_grace,
+            &lease_lost,
+            worker_stop.clone(),
+            watchers.clone(),
         );
-        let progress = tokio::spawn(
-            forward_progress(
-                self.shared.clone(),
-                self.job.clone(),
-                progress_rx,
-                watchers.clone(),
+        let progress = forward_progress(&self.shared, &self.job, progress_rx, watchers.clone());
+        let run = async {
+            let _stop_watchers = watchers.clone().drop_guard();
+            self.run_leased(
+                facts.attempt,
+                &lease_lost,
+                worker_stop,
+                progress_tx,
+                on_board,
             )
-            .in_current_span(),
+            .await
+        };
+        let (ran, (), progressed) = tokio::join!(run, heartbeat, progress);
+        let Ran {
+            finished,
+            oom,
+            worker,
+            run_started,
+        } = match ran? {
+            Leased::Ran(ran) => ran,
+            Leased::NotStarted(decision) => return Ok((decision, None)),
+        };
+        // The report starts from the latest data the worker reported, not
+        // from the data as handed out (which would undo its progress).
+        let facts = match &progressed {
+            Some(data) => JobFacts {
+                data,
+                progressed: true,
+                ..facts
+            },
+            None => facts,
+        };
+        let mut finished =
+            finished.map_err(|e| not_started(&e, "cannot start or wait for the worker"))?;
+        finished.oom = oom;
+        if finished.killed {
+            crate::metrics::kill_escalated();
+        }
+        for stream in [&finished.stdout, &finished.stderr] {
+            if stream.truncated {
+                crate::metrics::output_truncated();
+            }
+        }
+        let cap = settings.output_cap as u64;
+        if finished.stdout.total > cap || finished.stderr.total > cap {
+            tracing::warn!(
+                stdout_bytes = finished.stdout.total,
+                stderr_bytes = finished.stderr.total,
+                cap = settings.output_cap,
+                "worker output was larger than the cap; head and tail kept"
+            );
+        }
+        if !finished.stderr.text.is_empty() {
+            tracing::debug!(stderr = %finished.stderr.text, "worker stderr");
+        }
+        let draining = self.shared.draining.load(Ordering::SeqCst) && self.stop.is_cancelled();
+        let decision = report::decide(
+            &finished,
+            facts,
+            &job_settings.retry,
+            lease_lost.load(Ordering::SeqCst),
+            draining,
         );
+        crate::metrics::job_ended(
+            &worker,
+            decision.report.as_ref().map_or("lease_lost", |r| r.kind()),
+            run_started.elapsed().as_secs_f64(),
+            finished.ending == process::Ending::TimedOut,
+        );
+        Ok((decision, Some(report::run_facts(&finished))))
+    }
+
+    /// The job's run under its lease: a slot, its worker, a uid, a scratch
+    /// directory and sandbox, the worker to its end, and what it leaves
+    /// removed.
+    async fn run_leased(
+        &self,
+        attempt: i64,
+        lease_lost: &AtomicBool,
+        worker_stop: CancellationToken,
+        progress_tx: mpsc::Sender<Data>,
+        on_board: Arc<super::status::OnBoard>,
+    ) -> Result<Leased, NotRun> {
+        let settings = &self.generation.settings;
+        let job_settings = self.job_settings();
+        let sandbox = &self.generation.sandboxes[self.rule()];
 
         // A `[[job]]` table's max-concurrency: wait for a slot.
         let _slot = match &self.generation.slots[self.rule()] {
@@ -205,16 +278,7 @@ impl JobTask {
                 let slots = Arc::clone(slots);
                 tokio::select! {
                     permit = slots.acquire_owned() => permit.ok(),
-                    _ = worker_stop.cancelled() => {
-                        return Ok((if lease_lost.load(Ordering::SeqCst) {
-                            Decision { report: None, summary: "the lease was lost while waiting for a slot".into() }
-                        } else {
-                            Decision {
-                                report: Some(Report::Retry { delay_secs: 0, ignore_repeat: true, data: None, name: None, next_run: None }),
-                                summary: "stopped by shutdown while waiting for a slot; handed back".into(),
-                            }
-                        }, None));
-                    }
+                    _ = worker_stop.cancelled() => return Ok(stopped_waiting(lease_lost, "a slot")),
                 }
             }
             None => None,
@@ -234,29 +298,7 @@ impl JobTask {
         let claimed = match sandbox.uids() {
             Some(pool) => match uids::claim(pool, &worker_stop).await {
                 Ok(Some(claimed)) => Some(claimed),
-                Ok(None) => {
-                    return Ok((
-                        if lease_lost.load(Ordering::SeqCst) {
-                            Decision {
-                                report: None,
-                                summary: "the lease was lost while waiting for a uid".into(),
-                            }
-                        } else {
-                            Decision {
-                                report: Some(Report::Retry {
-                                    delay_secs: 0,
-                                    ignore_repeat: true,
-                                    data: None,
-                                    name: None,
-                                    next_run: None,
-                                }),
-                                summary: "stopped by shutdown while waiting for a uid; handed back"
-                                    .into(),
-                            }
-                        },
-                        None,
-                    ));
-                }
+                Ok(None) => return Ok(stopped_waiting(lease_lost, "a uid")),
                 Err(e) => return Err(not_started(&e, "cannot claim a uid for the job")),
             },
             None => None,
@@ -363,57 +405,12 @@ impl JobTask {
             }
             None => {}
         }
-        watchers.cancel();
-        let _ = heartbeat.await;
-        // The report starts from the latest data the worker reported, not
-        // from the data as handed out (which would undo its progress).
-        let progressed = progress.await.ok().flatten();
-        let facts = match &progressed {
-            Some(data) => JobFacts {
-                data,
-                progressed: true,
-                ..facts
-            },
-            None => facts,
-        };
-        let mut finished =
-            finished.map_err(|e| not_started(&e, "cannot start or wait for the worker"))?;
-        finished.oom = oom;
-        if finished.killed {
-            crate::metrics::kill_escalated();
-        }
-        for stream in [&finished.stdout, &finished.stderr] {
-            if stream.truncated {
-                crate::metrics::output_truncated();
-            }
-        }
-        let cap = settings.output_cap as u64;
-        if finished.stdout.total > cap || finished.stderr.total > cap {
-            tracing::warn!(
-                stdout_bytes = finished.stdout.total,
-                stderr_bytes = finished.stderr.total,
-                cap = settings.output_cap,
-                "worker output was larger than the cap; head and tail kept"
-            );
-        }
-        if !finished.stderr.text.is_empty() {
-            tracing::debug!(stderr = %finished.stderr.text, "worker stderr");
-        }
-        let draining = self.shared.draining.load(Ordering::SeqCst) && self.stop.is_cancelled();
-        let decision = report::decide(
-            &finished,
-            facts,
-            &job_settings.retry,
-            lease_lost.load(Ordering::SeqCst),
-            draining,
-        );
-        crate::metrics::job_ended(
-            &worker,
-            decision.report.as_ref().map_or("lease_lost", |r| r.kind()),
-            run_started.elapsed().as_secs_f64(),
-            finished.ending == process::Ending::TimedOut,
-        );
-        Ok((decision, Some(report::run_facts(&finished))))
+        Ok(Leased::Ran(Ran {
+            finished,
+            oom,
+            worker,
+            run_started,
+        }))
     }
 
     /// What to execute for the worker file `program`: itself, or for a PHP
@@ -519,6 +516,46 @@ impl JobTask {
     }
 }
 
+/// How a job's run under its lease went.
+enum Leased {
+    /// Its worker ran (or could not be started or waited for).
+    Ran(Ran),
+    /// It was stopped before its worker started.
+    NotStarted(Decision),
+}
+
+/// A worker that ran, its cgroups, scratch directory and uid gone.
+struct Ran {
+    finished: std::io::Result<process::Finished>,
+    /// Whether the kernel killed part of the job for lack of memory.
+    oom: bool,
+    /// The worker's name, for the metrics.
+    worker: String,
+    run_started: std::time::Instant,
+}
+
+/// A job stopped while waiting for `what` before its worker started: told
+/// nothing if its lease was lost, handed back otherwise.
+fn stopped_waiting(lease_lost: &AtomicBool, what: &str) -> Leased {
+    Leased::NotStarted(if lease_lost.load(Ordering::SeqCst) {
+        Decision {
+            report: None,
+            summary: format!("the lease was lost while waiting for {what}"),
+        }
+    } else {
+        Decision {
+            report: Some(Report::Retry {
+                delay_secs: 0,
+                ignore_repeat: true,
+                data: None,
+                name: None,
+                next_run: None,
+            }),
+            summary: format!("stopped by shutdown while waiting for {what}; handed back"),
+        }
+    })
+}
+
 /// Sorts a failure to start a worker: out of processes, memory or file
 /// descriptors is the machine's state (back off); anything else is the
 /// worker's (a missing interpreter, no permission to execute, …).
@@ -539,11 +576,11 @@ fn not_started(error: &std::io::Error, what: &str) -> NotRun {
 /// while the lease still holds, leaving it the kill grace (or a third of the
 /// term, if less) to end before anyone else can be handed the job.
 async fn heartbeat(
-    shared: Arc<Shared>,
-    job: LeasedJob,
+    shared: &Shared,
+    job: &LeasedJob,
     asked: Duration,
     grace: Duration,
-    lost: Arc<AtomicBool>,
+    lost: &AtomicBool,
     worker_stop: CancellationToken,
     done: CancellationToken,
 ) {
@@ -571,7 +608,7 @@ async fn heartbeat(
             .saturating_duration_since(sent)
             .saturating_sub(margin);
         let attempt = (budget / 2).max(Duration::from_millis(500)).min(budget);
-        let outcome = match tokio::time::timeout(attempt, shared.source.heartbeat(&job)).await {
+        let outcome = match tokio::time::timeout(attempt, shared.source.heartbeat(job)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(SourceError::Unavailable(
                 "the renewal did not answer in time".into(),
@@ -620,7 +657,7 @@ async fn heartbeat(
 async fn stop_before_reissue(
     term: Duration,
     grace: Duration,
-    lost: Arc<AtomicBool>,
+    lost: &AtomicBool,
     worker_stop: CancellationToken,
     done: CancellationToken,
 ) {
@@ -645,8 +682,8 @@ async fn stop_before_reissue(
 /// the latest data merged (sent or not), or `None` when the worker
 /// reported no progress that was kept: the job's report starts from it.
 async fn forward_progress(
-    shared: Arc<Shared>,
-    job: LeasedJob,
+    shared: &Shared,
+    job: &LeasedJob,
     mut updates: mpsc::Receiver<Data>,
     done: CancellationToken,
 ) -> Option<Data> {
@@ -674,7 +711,7 @@ async fn forward_progress(
             },
             _ = tokio::time::sleep_until(next_send), if pending => {
                 if let Value::Object(map) = &merged.data {
-                    match shared.source.update(&job, map).await {
+                    match shared.source.update(job, map).await {
                         Ok(()) => {}
                         Err(SourceError::LeaseLost(_)) => {
                             tracing::debug!("progress not delivered: the lease was lost");

@@ -8,9 +8,13 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
+use std::pin::{Pin, pin};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
+
+use futures_util::future::{MaybeDone, maybe_done};
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::{Signal, killpg};
@@ -128,35 +132,37 @@ pub async fn run(
         (hook.0)(pid);
     }
 
-    let mut stdin = stdin;
-    let payload = spec.stdin;
-    let writer = tokio::spawn(async move {
-        if let Some(stdin) = stdin.as_mut() {
-            // A worker that never reads its stdin or closes it early is its
-            // own business: the error ends only this writer.
-            let _ = stdin.write_all(&payload).await;
-            let _ = stdin.shutdown().await;
-        }
-    });
-    let stdout_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
-    let stderr_capture = Arc::new(Mutex::new(Capture::new(spec.output_cap)));
-    let stdout = tokio::spawn(drain(stdout, Arc::clone(&stdout_capture)));
-    let stderr = tokio::spawn(drain(stderr, Arc::clone(&stderr_capture)));
-    let progress_task = tokio::spawn(read_progress(progress_read, progress));
+    // The pipes are read and written by futures of this task, not by tasks
+    // of their own: no spawn and no hand-off between threads per pipe.
+    let stdout_capture = Mutex::new(Capture::new(spec.output_cap));
+    let stderr_capture = Mutex::new(Capture::new(spec.output_cap));
+    let mut writer = pin!(maybe_done(feed(stdin, spec.stdin)));
+    let mut stdout = pin!(maybe_done(drain(stdout, &stdout_capture)));
+    let mut stderr = pin!(maybe_done(drain(stderr, &stderr_capture)));
+    let mut progress = pin!(maybe_done(read_progress(progress_read, progress)));
 
     let mut killed = false;
-    let ending = tokio::select! {
-        status = child.wait() => status.map(status_ending),
-        _ = tokio::time::sleep(spec.timeout) => {
-            tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
-            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
-            Ok(Ending::TimedOut)
-        }
-        _ = stop.cancelled() => {
-            killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
-            Ok(Ending::Stopped)
+    let waiting = async {
+        tokio::select! {
+            status = child.wait() => status.map(status_ending),
+            _ = tokio::time::sleep(spec.timeout) => {
+                tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
+                killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
+                Ok(Ending::TimedOut)
+            }
+            _ = stop.cancelled() => {
+                killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
+                Ok(Ending::Stopped)
+            }
         }
     };
+    let pipes = all_done([
+        writer.as_mut(),
+        stdout.as_mut(),
+        stderr.as_mut(),
+        progress.as_mut(),
+    ]);
+    let ending = alongside(waiting, pipes).await;
     // On every path, a failed wait included: the worker is the reaper's
     // to reap if the runtime could not, and whatever is left of its process
     // group, and of its cgroup (which also holds what left the group), dies
@@ -170,19 +176,19 @@ pub async fn run(
     super::job_guard::ended(pid);
     // The spawner may forget the job now.
     drop(child);
-    writer.abort();
-    // Progress written just before the end still counts: read fd 3 to its
-    // end (the group is dead), as briefly as the output.
-    let mut progress_task = progress_task;
-    let report_line = match tokio::time::timeout(Duration::from_secs(2), &mut progress_task).await {
-        Ok(read) => read.ok().flatten(),
-        Err(_) => {
-            progress_task.abort();
-            None
-        }
-    };
-    let stdout = collect(stdout, &stdout_capture).await;
-    let stderr = collect(stderr, &stderr_capture).await;
+    // What is not written to stdin now never will be: its end is closed.
+    writer.set(MaybeDone::Gone);
+    // Output and progress written just before the end still count: read
+    // them to their end (the group is dead), for at most 2 s, since a
+    // process that left the group may hold them open.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(2),
+        all_done([stdout.as_mut(), stderr.as_mut(), progress.as_mut()]),
+    )
+    .await;
+    let report_line = progress.as_mut().take_output().flatten();
+    let stdout = collect(stdout.as_mut().take_output().is_some(), &stdout_capture);
+    let stderr = collect(stderr.as_mut().take_output().is_some(), &stderr_capture);
     let ending = ending.inspect_err(|error| {
         tracing::error!(pid, %error, "cannot wait for the worker; its process group was killed");
     })?;
@@ -436,30 +442,43 @@ pub fn kill_group(pid: u32, signal: Signal) {
     }
 }
 
-async fn drain(stream: Option<impl AsyncRead + Unpin>, capture: Arc<Mutex<Capture>>) {
+/// Writes the job to the worker's stdin and closes it. A worker that
+/// never reads its stdin or closes it early is its own business: the error
+/// ends only this writer.
+async fn feed(stdin: Option<Input>, payload: Vec<u8>) {
+    if let Some(mut stdin) = stdin {
+        let _ = stdin.write_all(&payload).await;
+        let _ = stdin.shutdown().await;
+    }
+}
+
+/// Reads a stream to its end into `capture`: 4 KiB at a time at first (most
+/// workers write little or nothing), up to a pipe's 64 KiB once a read
+/// fills the buffer.
+async fn drain(stream: Option<impl AsyncRead + Unpin>, capture: &Mutex<Capture>) {
     let Some(mut stream) = stream else { return };
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; 4 * 1024];
     loop {
         match stream.read(&mut buf).await {
             Ok(0) | Err(_) => return,
-            Ok(n) => capture
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(&buf[..n]),
+            Ok(n) => {
+                capture
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(&buf[..n]);
+                if n == buf.len() && n < 64 * 1024 {
+                    buf.resize(64 * 1024, 0);
+                }
+            }
         }
     }
 }
 
-/// Waits briefly for a stream to end: a process that escaped the group may
-/// hold the pipe open, and must not hold the report up. What was read is
-/// kept either way, and a cut-off capture says so.
-async fn collect(task: tokio::task::JoinHandle<()>, capture: &Mutex<Capture>) -> Captured {
-    let mut task = task;
-    let ended = tokio::time::timeout(Duration::from_secs(2), &mut task)
-        .await
-        .is_ok();
+/// What was read of a stream. A stream that did not end (`ended` false)
+/// was held open by a process that escaped the group: what was read is
+/// kept, and the cut-off capture says so.
+fn collect(ended: bool, capture: &Mutex<Capture>) -> Captured {
     if !ended {
-        task.abort();
         tracing::warn!(
             "a process outside the worker's group still holds its output open; reporting what was read"
         );
@@ -472,6 +491,31 @@ async fn collect(task: tokio::task::JoinHandle<()>, capture: &Mutex<Capture>) ->
             .push_str("\n[… output cut: a process that left the worker's group held it open …]\n");
     }
     captured
+}
+
+/// Polls every one of `futures` until all are done (each keeps its output
+/// for [`MaybeDone::take_output`]).
+fn all_done<'a, const N: usize>(
+    mut futures: [Pin<&'a mut (dyn Future<Output = ()> + Send + 'a)>; N],
+) -> impl Future<Output = ()> + Send + 'a {
+    std::future::poll_fn(move |cx| {
+        let mut all = true;
+        for future in futures.iter_mut() {
+            all &= future.as_mut().poll(cx).is_ready();
+        }
+        if all { Poll::Ready(()) } else { Poll::Pending }
+    })
+}
+
+/// Runs `main` to its end, polling `side` too until `side` ends.
+async fn alongside<T>(main: impl Future<Output = T>, side: impl Future<Output = ()>) -> T {
+    let mut main = pin!(main);
+    tokio::select! {
+        biased;
+        out = &mut main => return out,
+        () = side => {}
+    }
+    main.await
 }
 
 /// Skips the rest of an overlong line without keeping it, however long it
@@ -639,6 +683,81 @@ mod tests {
                 "the worker's background process {left} outlived a failed wait: its group was not killed"
             );
         }
+    }
+
+    /// A shell worker running `script` in `dir`, with `stdin`.
+    fn shell_worker(dir: &std::path::Path, script: &str, stdin: &[u8]) -> WorkerSpec {
+        let program = dir.join("worker");
+        std::fs::write(&program, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        WorkerSpec {
+            program,
+            args: Vec::new(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            cwd: dir.to_path_buf(),
+            stdin: stdin.to_vec(),
+            timeout: Duration::from_secs(60),
+            grace: Duration::from_secs(1),
+            output_cap: 1024 * 1024,
+            on_spawn: None,
+        }
+    }
+
+    /// The job goes in on stdin, and output many pipes long comes out
+    /// whole, both streams at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn stdin_goes_in_and_output_longer_than_a_pipe_comes_out_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = shell_worker(
+            dir.path(),
+            "cat\nhead -c 300000 /dev/zero | tr '\\0' x\nhead -c 200000 /dev/zero | tr '\\0' y >&2",
+            b"{\"job\":1}\n",
+        );
+        let launcher = Launcher::spawning_only(tokio::runtime::Handle::current()).unwrap();
+        let setup = crate::supervisor::sandbox::ChildSetup::plain();
+        let ran = run(&launcher, spec, CancellationToken::new(), None, setup, None)
+            .await
+            .expect("the worker ran");
+        assert_eq!(ran.ending, Ending::Exited(0));
+        assert_eq!(ran.stdout.total, 10 + 300_000);
+        assert!(!ran.stdout.truncated, "{:?}", ran.stdout.total);
+        assert!(ran.stdout.text.starts_with("{\"job\":1}\nxxx"));
+        assert_eq!(ran.stdout.text.len(), 10 + 300_000);
+        assert_eq!(ran.stderr.total, 200_000);
+        assert!(ran.stderr.text.bytes().all(|b| b == b'y'));
+    }
+
+    /// A process that left the worker's group and holds its stdout open
+    /// does not hold the worker's end up for long: what was read is kept,
+    /// and the capture says it was cut.
+    #[tokio::test(flavor = "current_thread")]
+    async fn output_held_open_by_a_process_that_left_the_group_is_cut_not_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().display();
+        let spec = shell_worker(
+            dir.path(),
+            &format!(
+                "echo before\nsetsid sh -c 'echo $$ > {o}/escaped.tmp && mv {o}/escaped.tmp {o}/escaped; exec sleep 60' &\nwhile [ ! -e {o}/escaped ]; do sleep 0.01; done\nexit 0"
+            ),
+            b"",
+        );
+        let launcher = Launcher::spawning_only(tokio::runtime::Handle::current()).unwrap();
+        let setup = crate::supervisor::sandbox::ChildSetup::plain();
+        let ran = run(&launcher, spec, CancellationToken::new(), None, setup, None).await;
+        let escaped: i32 = std::fs::read_to_string(dir.path().join("escaped"))
+            .expect("the worker's escaped process wrote its pid")
+            .trim()
+            .parse()
+            .unwrap();
+        // Started by this test's worker, in a session of its own.
+        let _ = nix::sys::signal::kill(Pid::from_raw(escaped), Signal::SIGKILL);
+        let ran = ran.expect("the worker ran");
+        assert_eq!(ran.ending, Ending::Exited(0));
+        assert!(ran.stdout.truncated, "{:?}", ran.stdout);
+        assert!(ran.stdout.text.starts_with("before\n"), "{:?}", ran.stdout);
+        assert!(ran.stdout.text.contains("output cut"), "{:?}", ran.stdout);
+        // It holds stderr open too.
+        assert!(ran.stderr.truncated, "{:?}", ran.stderr);
     }
 
     /// What `read_progress` forwards of `bytes` written to its pipe.
