@@ -139,7 +139,12 @@ pub async fn run(
     let mut writer = pin!(maybe_done(feed(stdin, spec.stdin)));
     let mut stdout = pin!(maybe_done(drain(stdout, &stdout_capture)));
     let mut stderr = pin!(maybe_done(drain(stderr, &stderr_capture)));
-    let mut progress = pin!(maybe_done(read_progress(progress_read, progress)));
+    let report_line = Mutex::new(None);
+    let mut progress = pin!(maybe_done(read_progress(
+        progress_read,
+        progress,
+        &report_line
+    )));
 
     let mut killed = false;
     let waiting = async {
@@ -186,7 +191,7 @@ pub async fn run(
         all_done([stdout.as_mut(), stderr.as_mut(), progress.as_mut()]),
     )
     .await;
-    let report_line = progress.as_mut().take_output().flatten();
+    let report_line = report_line.lock().unwrap_or_else(|e| e.into_inner()).take();
     let stdout = collect(stdout.as_mut().take_output().is_some(), &stdout_capture);
     let stderr = collect(stderr.as_mut().take_output().is_some(), &stderr_capture);
     let ending = ending.inspect_err(|error| {
@@ -498,11 +503,16 @@ fn collect(ended: bool, capture: &Mutex<Capture>) -> Captured {
 fn all_done<'a, const N: usize>(
     mut futures: [Pin<&'a mut (dyn Future<Output = ()> + Send + 'a)>; N],
 ) -> impl Future<Output = ()> + Send + 'a {
+    // Each poll starts one further along, so that a stream that is always
+    // ready (a flood on stdout) cannot spend the task's budget before the
+    // others are read.
+    let mut first = 0;
     std::future::poll_fn(move |cx| {
         let mut all = true;
-        for future in futures.iter_mut() {
-            all &= future.as_mut().poll(cx).is_ready();
+        for i in 0..N {
+            all &= futures[(first + i) % N].as_mut().poll(cx).is_ready();
         }
+        first = (first + 1) % N;
         if all { Poll::Ready(()) } else { Poll::Pending }
     })
 }
@@ -537,16 +547,36 @@ async fn skip_line(reader: &mut (impl AsyncBufRead + Unpin)) -> bool {
     }
 }
 
+/// Queues a progress object for the forwarder without ever waiting on it
+/// (the worker must not block on fd 3 while an update is on its way to
+/// the server). The forwarder is polled by the same task: when its queue
+/// is full, it is given a few turns to take what is queued before this
+/// object is given up.
+async fn forward(
+    sink: &mpsc::Sender<serde_json::Map<String, serde_json::Value>>,
+    mut object: serde_json::Map<String, serde_json::Value>,
+) {
+    for _ in 0..3 {
+        match sink.try_send(object) {
+            Err(mpsc::error::TrySendError::Full(back)) => object = back,
+            _ => return,
+        }
+        tokio::task::yield_now().await;
+    }
+    let _ = sink.try_send(object);
+}
+
 /// Reads fd 3 to its end: progress objects go to `sink`; the last report
-/// line is returned.
+/// line goes to `report_line` as soon as it is read, so that it counts even
+/// if fd 3 never ends (held open by a process that left the group).
 async fn read_progress(
     fd: OwnedFd,
     sink: Option<mpsc::Sender<serde_json::Map<String, serde_json::Value>>>,
-) -> Option<serde_json::Value> {
+    report_line: &Mutex<Option<serde_json::Value>>,
+) {
     let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return None;
+        return;
     };
-    let mut report_line = None;
     let mut reader = BufReader::new(pipe);
     let mut line = Vec::new();
     let mut warned = false;
@@ -559,11 +589,11 @@ async fn read_progress(
             .read_until(b'\n', &mut line)
             .await;
         match read {
-            Ok(0) | Err(_) => return report_line,
+            Ok(0) | Err(_) => return,
             // No newline within the limit: skip the rest of the line.
             Ok(_) if line.len() > MAX_REPORT_LINE && line.last() != Some(&b'\n') => {
                 if !skip_line(&mut reader).await {
-                    return report_line;
+                    return;
                 }
                 if !warned_long {
                     tracing::warn!(
@@ -576,7 +606,8 @@ async fn read_progress(
                 Ok(serde_json::Value::Object(mut object))
                     if super::report_line::is_report_line(&object) =>
                 {
-                    report_line = object.remove(super::report_line::REPORT_KEY);
+                    *report_line.lock().unwrap_or_else(|e| e.into_inner()) =
+                        object.remove(super::report_line::REPORT_KEY);
                 }
                 // Longer than a progress line may be (its newline aside).
                 _ if line.len() - usize::from(line.last() == Some(&b'\n')) > MAX_PROGRESS_LINE => {
@@ -589,7 +620,7 @@ async fn read_progress(
                 }
                 Ok(serde_json::Value::Object(object)) => {
                     if let Some(sink) = &sink {
-                        let _ = sink.try_send(object);
+                        forward(sink, object).await;
                     }
                 }
                 _ if line.iter().all(u8::is_ascii_whitespace) => {}
@@ -737,7 +768,7 @@ mod tests {
         let spec = shell_worker(
             dir.path(),
             &format!(
-                "echo before\nsetsid sh -c 'echo $$ > {o}/escaped.tmp && mv {o}/escaped.tmp {o}/escaped; exec sleep 60' &\nwhile [ ! -e {o}/escaped ]; do sleep 0.01; done\nexit 0"
+                "echo before\necho '{{\"jobmgr.report\": {{\"outcome\": \"finish\"}}}}' >&3\nsetsid sh -c 'echo $$ > {o}/escaped.tmp && mv {o}/escaped.tmp {o}/escaped; exec sleep 60' &\nwhile [ ! -e {o}/escaped ]; do sleep 0.01; done\nexit 0"
             ),
             b"",
         );
@@ -758,6 +789,36 @@ mod tests {
         assert!(ran.stdout.text.contains("output cut"), "{:?}", ran.stdout);
         // It holds stderr open too.
         assert!(ran.stderr.truncated, "{:?}", ran.stderr);
+        // And fd 3: the report line read before it counts all the same.
+        assert_eq!(
+            ran.report_line,
+            Some(serde_json::json!({"outcome": "finish"})),
+            "the worker's report line was lost with the cut"
+        );
+    }
+
+    /// The forwarder of progress runs in the worker's task: a burst of
+    /// more updates than its queue holds waits for it to take them,
+    /// rather than losing the latest.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_burst_of_progress_longer_than_the_queue_reaches_a_forwarder_in_the_same_task() {
+        let (tx, mut rx) = mpsc::channel(64);
+        let send = async move {
+            for i in 0..1000 {
+                let mut object = serde_json::Map::new();
+                object.insert("i".into(), i.into());
+                forward(&tx, object).await;
+            }
+        };
+        let take = async {
+            let mut got = Vec::new();
+            while let Some(object) = rx.recv().await {
+                got.push(object["i"].as_i64().unwrap());
+            }
+            got
+        };
+        let ((), got) = tokio::join!(send, take);
+        assert_eq!(got, (0..1000).collect::<Vec<i64>>());
     }
 
     /// What `read_progress` forwards of `bytes` written to its pipe.
@@ -768,7 +829,7 @@ mod tests {
             let _ = std::fs::File::from(write).write_all(&bytes);
         });
         let (tx, mut rx) = mpsc::channel(64);
-        read_progress(read, Some(tx)).await;
+        read_progress(read, Some(tx), &Mutex::new(None)).await;
         writer.join().unwrap();
         let mut got = Vec::new();
         while let Ok(object) = rx.try_recv() {
