@@ -8,10 +8,9 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::{MaybeDone, maybe_done};
@@ -161,12 +160,18 @@ pub async fn run(
             }
         }
     };
-    let pipes = all_done([
-        writer.as_mut(),
-        stdout.as_mut(),
-        stderr.as_mut(),
-        progress.as_mut(),
-    ]);
+    // `join!` starts from a different one at each poll, so that a stream
+    // that is always ready (a flood on stdout) cannot spend the task's
+    // budget before the others are read; each keeps its output for
+    // `MaybeDone::take_output`.
+    let pipes = async {
+        tokio::join!(
+            writer.as_mut(),
+            stdout.as_mut(),
+            stderr.as_mut(),
+            progress.as_mut()
+        );
+    };
     let ending = alongside(waiting, pipes).await;
     // On every path, a failed wait included: the worker is the reaper's
     // to reap if the runtime could not, and whatever is left of its process
@@ -186,10 +191,9 @@ pub async fn run(
     // Output and progress written just before the end still count: read
     // them to their end (the group is dead), for at most 2 s, since a
     // process that left the group may hold them open.
-    let _ = tokio::time::timeout(
-        Duration::from_secs(2),
-        all_done([stdout.as_mut(), stderr.as_mut(), progress.as_mut()]),
-    )
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        tokio::join!(stdout.as_mut(), stderr.as_mut(), progress.as_mut());
+    })
     .await;
     let report_line = report_line.lock().unwrap_or_else(|e| e.into_inner()).take();
     let stdout = collect(stdout.as_mut().take_output().is_some(), &stdout_capture);
@@ -496,25 +500,6 @@ fn collect(ended: bool, capture: &Mutex<Capture>) -> Captured {
             .push_str("\n[… output cut: a process that left the worker's group held it open …]\n");
     }
     captured
-}
-
-/// Polls every one of `futures` until all are done (each keeps its output
-/// for [`MaybeDone::take_output`]).
-fn all_done<'a, const N: usize>(
-    mut futures: [Pin<&'a mut (dyn Future<Output = ()> + Send + 'a)>; N],
-) -> impl Future<Output = ()> + Send + 'a {
-    // Each poll starts one further along, so that a stream that is always
-    // ready (a flood on stdout) cannot spend the task's budget before the
-    // others are read.
-    let mut first = 0;
-    std::future::poll_fn(move |cx| {
-        let mut all = true;
-        for i in 0..N {
-            all &= futures[(first + i) % N].as_mut().poll(cx).is_ready();
-        }
-        first = (first + 1) % N;
-        if all { Poll::Ready(()) } else { Poll::Pending }
-    })
 }
 
 /// Runs `main` to its end, polling `side` too until `side` ends.
