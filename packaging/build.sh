@@ -29,7 +29,9 @@ command -v cargo-zigbuild >/dev/null || {
     exit 1
 }
 
-cargo zigbuild --release --locked --target "$target.$glibc"
+# Without the release profile's debug info (`debug = 1`, for profiling a
+# local build): the packaged binary is stripped of it anyway.
+CARGO_PROFILE_RELEASE_DEBUG=0 cargo zigbuild --release --locked --target "$target.$glibc"
 bin="target/$target/release/jobmgr"
 needs=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
 if [ "$(printf '%s\n%s\n' "$needs" "$glibc" | sort -V | tail -1)" != "$glibc" ]; then

@@ -446,15 +446,25 @@ impl SupervisorProcess {
 }
 
 impl Drop for SupervisorProcess {
+    /// SIGTERM, and a second one if it has not exited after a second: a
+    /// drained supervisor waits up to 5 s for the answer of its long poll
+    /// in flight (to hand back any job it brings), and the measures are
+    /// over; asked again, it stops without waiting.
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let term = || {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        };
+        term();
+        let started = std::time::Instant::now();
+        let mut asked_again = false;
+        while started.elapsed() < Duration::from_secs(20) {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
+            }
+            if !asked_again && started.elapsed() >= Duration::from_secs(1) {
+                term();
+                asked_again = true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -869,6 +869,67 @@ rmdir "$d/running/$JOBMGR_JOB_ID""#
     assert_eq!(max, 3, "{counts:?}");
 }
 
+/// The cap and the promises under randomized worker lengths, so that slots
+/// free at every moment of a fetch and its answer: every job is counted.
+/// Violations: a moment with more workers than the cap, a job run twice, a
+/// job not run.
+#[test]
+fn the_cap_holds_and_each_job_runs_once_under_random_worker_lengths() {
+    let server = Server::start();
+    let api = server.api();
+    let out = tempfile::tempdir().unwrap();
+    let o = out.path().display();
+    std::fs::create_dir(out.path().join("running")).unwrap();
+    // Each worker marks itself running, records how many run, lingers for
+    // the time its job says, and records its id.
+    let script = sh(&format!(
+        r#"d='{o}'
+mkdir "$d/running/$JOBMGR_JOB_ID"
+echo "$(ls "$d/running" | wc -l)" >> "$d/counts"
+linger=$(sed -n 's/.*"ms": *\([0-9]*\).*/\1/p')
+sleep "$(printf '0.%03d' "$linger")"
+echo "$JOBMGR_JOB_ID" >> "$d/ran"
+rmdir "$d/running/$JOBMGR_JOB_ID""#
+    ));
+    let cap = 4;
+    let sup = Supervisor::builder(&server.url)
+        .worker("Overlap", &script)
+        .arg("--max-workers")
+        .arg(&cap.to_string())
+        .start();
+    let count = 300;
+    let jobs: Vec<Value> = (0..count)
+        .map(|_| json!({"name": "Overlap", "data": {"ms": rand::random_range(0..30)}}))
+        .collect();
+    let ids = api.create_batch(jobs);
+    wait_for("every job to finish", &sup, || {
+        all_jobs(&api).is_empty().then_some(())
+    });
+    let read = |name: &str| -> Vec<i64> {
+        std::fs::read_to_string(out.path().join(name))
+            .unwrap()
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect()
+    };
+    let over_cap = read("counts").into_iter().filter(|n| *n > cap).count();
+    let mut ran = read("ran");
+    ran.sort_unstable();
+    let twice = ran.windows(2).filter(|w| w[0] == w[1]).count();
+    let mut expected = ids.clone();
+    expected.sort_unstable();
+    ran.dedup();
+    let missing = expected
+        .iter()
+        .filter(|id| ran.binary_search(id).is_err())
+        .count();
+    assert_eq!(
+        (over_cap, twice, missing),
+        (0, 0, 0),
+        "moments over the cap of {cap}, jobs run twice, jobs not run"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Timeouts
 // ---------------------------------------------------------------------------
