@@ -243,9 +243,12 @@ fn with_one_user_for_every_job_the_log_says_what_they_share() {
 
     let server = Server::start();
     let own = Supervisor::builder(&server.url).user(Some("self")).start();
-    let log = wait_for("the sandbox warning", &own, || {
+    // The warning follows the sandbox line; "supervisor started" follows
+    // both (waiting for the sandbox line alone could read the log between
+    // the two).
+    let log = wait_for("the start-up log", &own, || {
         let log = own.stderr();
-        log.contains("sandbox:").then_some(log)
+        log.contains("supervisor started").then_some(log)
     });
     assert!(
         log.contains(
