@@ -822,13 +822,29 @@ fn the_load_gate_holds_jobs_until_the_load_drops() {
     }
 }
 
+/// A directory for the cap tests' workers, with `running/`, where each
+/// worker keeps a marker while it runs.
+fn running_markers() -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    std::fs::create_dir(out.path().join("running")).unwrap();
+    out
+}
+
+/// The numbers a file holds, one per line.
+fn numbers_in(path: &Path) -> Vec<i64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
 #[test]
 fn the_concurrency_cap_holds_under_a_burst_of_100_jobs() {
     let server = Server::start();
     let api = server.api();
-    let out = tempfile::tempdir().unwrap();
+    let out = running_markers();
     let o = out.path().display();
-    std::fs::create_dir(out.path().join("running")).unwrap();
     // Each worker leaves a marker while it runs and records how many it
     // sees. The first ones wait until three run at once (so the cap is
     // reached for sure); after that, all just linger a little.
@@ -855,11 +871,7 @@ rmdir "$d/running/$JOBMGR_JOB_ID""#
     wait_for("all 100 jobs to finish", &sup, || {
         all_jobs(&api).is_empty().then_some(())
     });
-    let counts: Vec<u32> = std::fs::read_to_string(out.path().join("counts"))
-        .unwrap()
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
+    let counts = numbers_in(&out.path().join("counts"));
     assert_eq!(counts.len(), 100, "{counts:?}");
     let max = counts.iter().copied().max().unwrap();
     assert!(
@@ -877,9 +889,8 @@ rmdir "$d/running/$JOBMGR_JOB_ID""#
 fn the_cap_holds_and_each_job_runs_once_under_random_worker_lengths() {
     let server = Server::start();
     let api = server.api();
-    let out = tempfile::tempdir().unwrap();
+    let out = running_markers();
     let o = out.path().display();
-    std::fs::create_dir(out.path().join("running")).unwrap();
     // Each worker marks itself running, records how many run, lingers for
     // the time its job says, and records its id.
     let script = sh(&format!(
@@ -905,21 +916,15 @@ rmdir "$d/running/$JOBMGR_JOB_ID""#
     wait_for("every job to finish", &sup, || {
         all_jobs(&api).is_empty().then_some(())
     });
-    let read = |name: &str| -> Vec<i64> {
-        std::fs::read_to_string(out.path().join(name))
-            .unwrap()
-            .lines()
-            .map(|l| l.trim().parse().unwrap())
-            .collect()
-    };
-    let over_cap = read("counts").into_iter().filter(|n| *n > cap).count();
-    let mut ran = read("ran");
+    let over_cap = numbers_in(&out.path().join("counts"))
+        .into_iter()
+        .filter(|n| *n > cap)
+        .count();
+    let mut ran = numbers_in(&out.path().join("ran"));
     ran.sort_unstable();
     let twice = ran.windows(2).filter(|w| w[0] == w[1]).count();
-    let mut expected = ids.clone();
-    expected.sort_unstable();
     ran.dedup();
-    let missing = expected
+    let missing = ids
         .iter()
         .filter(|id| ran.binary_search(id).is_err())
         .count();
