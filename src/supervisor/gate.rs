@@ -85,7 +85,7 @@ impl ProcLoad {
             return Ok(sysinfo::System::load_average().one);
         }
         let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
-        let loadavg = std::fs::read_to_string(&self.loadavg)?;
+        let loadavg = read_small(&self.loadavg)?;
         let load1 = loadavg
             .split_whitespace()
             .next()
@@ -99,7 +99,7 @@ impl ProcLoad {
         // Read directly, `/proc/meminfo` included: a `sysinfo::System` made
         // for each reading cost more than the rest of the gate's check.
         let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
-        let meminfo = std::fs::read_to_string(&self.meminfo)?;
+        let meminfo = read_small(&self.meminfo)?;
         let available_kib = meminfo
             .lines()
             .find_map(|line| line.strip_prefix("MemAvailable:"))
@@ -115,10 +115,39 @@ impl ProcLoad {
     }
 }
 
+/// A small file read whole, into room for 4 KiB at once: `/proc` files
+/// say they are empty, so `fs::read_to_string` asks its size (`statx`,
+/// `lseek`) and then reads from 32 bytes up, a read per doubling (seven for
+/// `/proc/meminfo`, at every job's start); here it is two reads.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut bytes = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            bytes.resize(len * 2, 0);
+        }
+        match file.read(&mut bytes[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not UTF-8", path.display()),
+        )
+    })
+}
+
 /// The `some avg10` of a file in `/proc/pressure/cpu` format; `None` when
 /// the file does not exist (a kernel without PSI).
 pub fn read_cpu_pressure(path: &Path) -> std::io::Result<Option<f64>> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match read_small(path) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(error),
@@ -447,6 +476,21 @@ mod tests {
         );
         std::fs::write(&loadavg, "garbage").unwrap();
         assert!(load.sample().is_err());
+    }
+
+    /// A file longer than the first read's 4 KiB is read whole: a line
+    /// past it still counts; bytes that are not UTF-8 are an error.
+    #[test]
+    fn a_file_longer_than_the_first_read_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meminfo");
+        let mut text = "Padding:          0 kB\n".repeat(1000);
+        text.push_str("MemAvailable:     77 kB\n");
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(read_small(&path).unwrap(), text);
+        std::fs::write(&path, b"MemAvailable: \xff\n").unwrap();
+        let error = read_small(&path).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
     }
 
     #[test]

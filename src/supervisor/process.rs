@@ -123,6 +123,7 @@ pub async fn run(
     let Started {
         mut child,
         stdin,
+        stdin_sent,
         stdout,
         stderr,
     } = started;
@@ -135,7 +136,7 @@ pub async fn run(
     // of their own: no spawn and no hand-off between threads per pipe.
     let stdout_capture = Mutex::new(Capture::new(spec.output_cap));
     let stderr_capture = Mutex::new(Capture::new(spec.output_cap));
-    let mut writer = pin!(maybe_done(feed(stdin, spec.stdin)));
+    let mut writer = pin!(maybe_done(feed(stdin, &spec.stdin[stdin_sent..])));
     let mut stdout = pin!(maybe_done(drain(stdout, &stdout_capture)));
     let mut stderr = pin!(maybe_done(drain(stderr, &stderr_capture)));
     let report_line = Mutex::new(None);
@@ -243,6 +244,9 @@ type Output = Box<dyn AsyncRead + Send + Unpin>;
 struct Started {
     child: Child,
     stdin: Option<Input>,
+    /// How much of the job was written to stdin before the worker started
+    /// (all of it, and stdin closed, when it fitted in the pipe).
+    stdin_sent: usize,
     stdout: Option<Output>,
     stderr: Option<Output>,
 }
@@ -259,6 +263,16 @@ async fn spawn_by(
     use std::os::unix::ffi::OsStrExt;
     let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from);
     let (stdin_read, stdin_write) = pipe()?;
+    let nonblocking = |fd: &OwnedFd| {
+        fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)
+    };
+    // The job goes into the empty pipe now, as much of it as fits (all of
+    // a usual job: a pipe holds 64 KiB), so that a job that fits needs no
+    // writer waiting on the worker: its end is closed once the worker has
+    // its own, and the worker reads the job, then its end.
+    nonblocking(&stdin_write)?;
+    // A full pipe (`EAGAIN`) leaves all of it to the writer.
+    let stdin_sent: usize = nix::unistd::write(&stdin_write, &spec.stdin).unwrap_or_default();
     let (stdout_read, stdout_write) = pipe()?;
     let (stderr_read, stderr_write) = pipe()?;
     let program = resolve_program(&spec.program, &spec.env);
@@ -305,18 +319,24 @@ async fn spawn_by(
     let worker = spawner.spawn(request, &fds).await?;
     drop(fds);
     drop((stdin_read, stdout_write, stderr_write, progress_write));
-    let nonblocking = |fd: &OwnedFd| {
-        fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)
-    };
-    nonblocking(&stdin_write)?;
     nonblocking(&stdout_read)?;
     nonblocking(&stderr_read)?;
-    let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(stdin_write)?;
-    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_read)?;
-    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_read)?;
+    // Pipe ends made just above, in the right mode and now non-blocking:
+    // tokio's checks (an `fstat` and an `F_GETFL` each) would only repeat
+    // what is known.
+    let stdin = if stdin_sent == spec.stdin.len() {
+        drop(stdin_write);
+        None
+    } else {
+        let stdin = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(stdin_write)?;
+        Some(Box::new(stdin) as Input)
+    };
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(stdout_read)?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(stderr_read)?;
     Ok(Started {
         child: Child::Spawned(worker),
-        stdin: Some(Box::new(stdin)),
+        stdin,
+        stdin_sent,
         stdout: Some(Box::new(stdout)),
         stderr: Some(Box::new(stderr)),
     })
@@ -395,6 +415,7 @@ async fn spawn_here(
     Ok(Started {
         child: Child::Runtime(child),
         stdin,
+        stdin_sent: 0,
         stdout,
         stderr,
     })
@@ -454,9 +475,9 @@ pub fn kill_group(pid: u32, signal: Signal) {
 /// Writes the job to the worker's stdin and closes it. A worker that
 /// never reads its stdin or closes it early is its own business: the error
 /// ends only this writer.
-async fn feed(stdin: Option<Input>, payload: Vec<u8>) {
+async fn feed(stdin: Option<Input>, payload: &[u8]) {
     if let Some(mut stdin) = stdin {
-        let _ = stdin.write_all(&payload).await;
+        let _ = stdin.write_all(payload).await;
         let _ = stdin.shutdown().await;
     }
 }
@@ -553,13 +574,14 @@ async fn forward(
 
 /// Reads fd 3 to its end: progress objects go to `sink`; the last report
 /// line goes to `report_line` as soon as it is read, so that it counts even
-/// if fd 3 never ends (held open by a process that left the group).
+/// if fd 3 never ends (held open by a process that left the group). `fd` is
+/// the read end of a pipe, already non-blocking.
 async fn read_progress(
     fd: OwnedFd,
     sink: Option<mpsc::Sender<serde_json::Map<String, serde_json::Value>>>,
     report_line: &Mutex<Option<serde_json::Value>>,
 ) {
-    let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+    let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd) else {
         return;
     };
     let mut reader = BufReader::new(pipe);

@@ -76,9 +76,8 @@ impl WorkerPath {
 
     /// The executable for a job name.
     pub fn resolve(&self, job_name: &str) -> Result<PathBuf, NoWorker> {
-        let resolved = self.file(Self::worker_name(job_name)?)?;
-        let mode = std::fs::metadata(&resolved).map_or(0, |m| m.permissions().mode());
-        if mode & 0o111 == 0 {
+        let (resolved, metadata) = self.file(Self::worker_name(job_name)?)?;
+        if metadata.permissions().mode() & 0o111 == 0 {
             return Err(NoWorker::NotExecutable(
                 self.root.join(Self::worker_name(job_name)?),
             ));
@@ -93,12 +92,21 @@ impl WorkerPath {
         if !super::bwm_php::is_class_name(name) {
             return Err(NoWorker::NotAClass(job_name.chars().take(200).collect()));
         }
-        self.file(&format!("{name}.php"))
+        self.file(&format!("{name}.php")).map(|(path, _)| path)
     }
 
-    /// A regular file of this name directly in the worker path.
-    fn file(&self, name: &str) -> Result<PathBuf, NoWorker> {
+    /// A regular file of this name directly in the worker path, and what
+    /// it is.
+    fn file(&self, name: &str) -> Result<(PathBuf, std::fs::Metadata), NoWorker> {
         let candidate = self.root.join(name);
+        // The root is a real path and `name` one component: a file that is
+        // not a symlink is its own real path (one `lstat`, where resolving
+        // it costs a `readlink` per component of the root).
+        if let Ok(metadata) = std::fs::symlink_metadata(&candidate)
+            && metadata.is_file()
+        {
+            return Ok((candidate, metadata));
+        }
         let resolved = match candidate.canonicalize() {
             Ok(resolved) => resolved,
             Err(_) => return Err(NoWorker::NotFound(candidate)),
@@ -111,7 +119,7 @@ impl WorkerPath {
         if !metadata.is_file() {
             return Err(NoWorker::NotAFile(candidate));
         }
-        Ok(resolved)
+        Ok((resolved, metadata))
     }
 }
 
@@ -165,6 +173,18 @@ mod tests {
             good.canonicalize().unwrap()
         );
         assert_eq!(path.resolve("Alias").unwrap(), good.canonicalize().unwrap());
+        // A worker path that is a symlink (a deploy's `current`) gives the
+        // real path of the file it leads to.
+        symlink(&workers, dir.path().join("current")).unwrap();
+        let through = WorkerPath::new(&dir.path().join("current")).unwrap();
+        assert_eq!(
+            through.resolve("Good").unwrap(),
+            good.canonicalize().unwrap()
+        );
+        assert!(matches!(
+            through.resolve("Escape"),
+            Err(NoWorker::Outside(_))
+        ));
         assert!(matches!(
             path.resolve("Plain"),
             Err(NoWorker::NotExecutable(_))
