@@ -115,33 +115,19 @@ impl ProcLoad {
     }
 }
 
-/// A small file read whole, into room for 4 KiB at once: `/proc` files
-/// say they are empty, so `fs::read_to_string` asks its size (`statx`,
-/// `lseek`) and then reads from 32 bytes up, a read per doubling (seven for
-/// `/proc/meminfo`, at every job's start); here it is two reads.
+/// A small file read whole, with room for 4 KiB from the start: `/proc`
+/// files say they are empty, so `fs::read_to_string` asks the size
+/// (`statx`, `lseek`) and then reads from 32 bytes up, a read per doubling
+/// (seven for `/proc/meminfo`, before every fetch). Through `take`, which
+/// gives no size hint, it is two reads. Bytes that are not UTF-8 are
+/// `InvalidData`.
 fn read_small(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut bytes = vec![0u8; 4096];
-    let mut len = 0;
-    loop {
-        if len == bytes.len() {
-            bytes.resize(len * 2, 0);
-        }
-        match file.read(&mut bytes[len..]) {
-            Ok(0) => break,
-            Ok(n) => len += n,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    bytes.truncate(len);
-    String::from_utf8(bytes).map_err(|_| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{} is not UTF-8", path.display()),
-        )
-    })
+    let mut text = String::with_capacity(4096);
+    std::fs::File::open(path)?
+        .take(u64::MAX)
+        .read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// The `some avg10` of a file in `/proc/pressure/cpu` format; `None` when
