@@ -6,6 +6,10 @@
 //! still provides `cgroup.kill`. Either way the kill also catches processes
 //! that left the worker's process group, and an out-of-memory kill is seen.
 //!
+//! A worker is in its job's cgroups from before its exec: the spawner
+//! clones it into the v2 one where the kernel can, and it writes itself
+//! into the rest (see [`JobCgroup::v1_tasks`]).
+//!
 //! Cgroups live under the supervisor's own cgroup, in a directory named
 //! after its pid; directories left by a supervisor that died are cleaned up
 //! (their processes killed) when the next one starts.
@@ -50,8 +54,10 @@ pub struct JobCgroup {
     dirs: Vec<PathBuf>,
     /// Set once every directory is removed: nothing is left to kill.
     removed: std::sync::atomic::AtomicBool,
-    /// `cgroup.procs` files the worker joins.
-    procs: Vec<PathBuf>,
+    /// The v1 `tasks` files the worker writes itself into (see
+    /// [`JobCgroup::v1_tasks`]).
+    tasks: Vec<PathBuf>,
+    /// The v2 directory, which the worker is cloned into or joins.
     unified: Option<PathBuf>,
     /// Whether the v2 directory has the memory controller (and so a
     /// `memory.events` to read for an out-of-memory kill).
@@ -125,7 +131,8 @@ impl Cgroups {
             let Some(own) = own_path(Some(controller)) else {
                 continue;
             };
-            if !mount.join("cgroup.procs").exists() {
+            // A v1 hierarchy (workers join it through its `tasks`).
+            if !mount.join("tasks").exists() {
                 continue;
             }
             let dir = mount.join(own.trim_start_matches('/')).join(&name);
@@ -142,8 +149,8 @@ impl Cgroups {
     }
 
     /// Makes our v2 directory; enables the controllers the limits need when
-    /// the tree offers them (moving the supervisor into a leaf first, as v2
-    /// wants processes only in leaves).
+    /// the tree offers them (moving the supervisor and its helper process
+    /// into a leaf first, as v2 wants processes only in leaves).
     fn prepare_v2(
         own: &Path,
         name: &str,
@@ -165,9 +172,16 @@ impl Cgroups {
             // Processes may not sit in a cgroup that hands controllers down.
             let leaf = own.join(format!("{name}-supervisor"));
             fs::create_dir_all(&leaf)?;
-            // Only this process moves; if others share the cgroup, handing
-            // controllers down fails and the v1 hierarchies are used instead.
-            write(&leaf.join("cgroup.procs"), &std::process::id().to_string())?;
+            // This process and its helper (the spawner, or the job guard,
+            // forked before any worker) move; if others share the cgroup,
+            // handing controllers down fails and the v1 hierarchies are
+            // used instead.
+            let me = std::process::id();
+            let helpers = children_in(own, me);
+            write(&leaf.join("cgroup.procs"), &me.to_string())?;
+            for helper in helpers {
+                write(&leaf.join("cgroup.procs"), &helper.to_string())?;
+            }
             let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
             write(&own.join("cgroup.subtree_control"), &enable.join(" "))?;
             write(&dir.join("cgroup.subtree_control"), &enable.join(" "))?;
@@ -232,7 +246,7 @@ impl Cgroups {
         let mut job = JobCgroup {
             dirs: Vec::new(),
             removed: std::sync::atomic::AtomicBool::new(false),
-            procs: Vec::new(),
+            tasks: Vec::new(),
             unified: None,
             memory_v2: false,
             memory_v1: None,
@@ -265,7 +279,6 @@ impl Cgroups {
                     _ => {}
                 }
             }
-            job.procs.push(dir.join("cgroup.procs"));
             job.unified = Some(dir);
         }
         for (controller, base) in &self.v1 {
@@ -297,16 +310,27 @@ impl Cgroups {
                 }
                 _ => {}
             }
-            job.procs.push(dir.join("cgroup.procs"));
+            job.tasks.push(dir.join("tasks"));
         }
         Ok(job)
     }
 }
 
 impl JobCgroup {
-    /// The `cgroup.procs` files the worker writes itself into before exec.
-    pub fn procs_files(&self) -> &[PathBuf] {
-        &self.procs
+    /// The job's v2 directory: the spawner clones the worker into it
+    /// (`CLONE_INTO_CGROUP`), or the worker writes itself into its
+    /// `cgroup.procs` before its exec where the kernel cannot.
+    pub fn unified_dir(&self) -> Option<&Path> {
+        self.unified.as_deref()
+    }
+
+    /// The v1 `tasks` files the worker writes itself (`0`) into before its
+    /// exec. It has one thread then, so moving that thread moves all of it;
+    /// and a thread that moves itself is moved without the kernel's global
+    /// lock on every process's cgroups (`cgroup.procs` takes it for
+    /// writing, which can wait for an RCU grace period, 10 to 30 ms).
+    pub fn v1_tasks(&self) -> &[PathBuf] {
+        &self.tasks
     }
 
     /// Kills everything in the job's cgroups, including processes that left
@@ -424,6 +448,24 @@ impl Drop for JobCgroup {
             remove_dir_when_empty(dir);
         }
     }
+}
+
+/// The processes in the v2 cgroup `dir` whose parent is `parent`.
+fn children_in(dir: &Path, parent: u32) -> Vec<u32> {
+    let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    procs
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .filter(|pid| {
+            // `/proc/<pid>/stat`: "pid (comm) state ppid …".
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .and_then(|ppid| ppid.parse::<u32>().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
 }
 
 /// Kills everything in the cgroup directories `dirs`: `cgroup.kill` where

@@ -290,7 +290,8 @@ async fn spawn_by(
         cgroups: tree.map_or_else(Vec::new, |t| {
             t.dirs().iter().map(|d| bytes(d.as_os_str())).collect()
         }),
-        procs: setup.procs.iter().map(|p| p.as_bytes().to_vec()).collect(),
+        unified: setup.unified.as_ref().map(|u| u.dir.as_bytes().to_vec()),
+        tasks: setup.tasks.iter().map(|p| p.as_bytes().to_vec()).collect(),
         rlimits: setup.rlimits.clone(),
         umask: setup.umask,
         credentials: setup.credentials.as_ref().map(|c| {
@@ -400,7 +401,7 @@ async fn spawn_here(
             if moved < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            setup.apply()
+            setup.apply(false)
         });
     }
     let mut child = launcher.spawn(command).await?;

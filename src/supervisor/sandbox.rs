@@ -396,16 +396,23 @@ impl Sandbox {
         };
         let cstring =
             |path: &Path| CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other);
-        let procs = match &cgroup {
-            Some(cgroup) => cgroup
-                .procs_files()
-                .iter()
-                .map(|p| cstring(p))
-                .collect::<io::Result<Vec<_>>>()?,
-            None => Vec::new(),
+        let (unified, tasks) = match &cgroup {
+            Some(cgroup) => (
+                cgroup
+                    .unified_dir()
+                    .map(|dir| UnifiedJoin::new(cstring(dir)?))
+                    .transpose()?,
+                cgroup
+                    .v1_tasks()
+                    .iter()
+                    .map(|p| cstring(p))
+                    .collect::<io::Result<Vec<_>>>()?,
+            ),
+            None => (None, Vec::new()),
         };
         let setup = ChildSetup {
-            procs,
+            unified,
+            tasks,
             rlimits: rlimit_list(&self.settings.rlimits),
             umask: self.settings.umask,
             credentials,
@@ -520,10 +527,35 @@ impl MountStrings {
     }
 }
 
+/// How a worker enters its job's v2 cgroup.
+#[derive(Debug, Clone)]
+pub struct UnifiedJoin {
+    /// The job's v2 directory.
+    pub(super) dir: CString,
+    /// Its `cgroup.procs`, which the worker writes itself into unless it
+    /// was born in it.
+    pub(super) procs: CString,
+}
+
+impl UnifiedJoin {
+    /// The join of the v2 directory `dir`.
+    pub(super) fn new(dir: CString) -> io::Result<Self> {
+        let mut procs = dir.clone().into_bytes();
+        procs.extend_from_slice(b"/cgroup.procs");
+        Ok(UnifiedJoin {
+            dir,
+            procs: CString::new(procs).map_err(io::Error::other)?,
+        })
+    }
+}
+
 /// The steps a worker takes between fork and exec.
 #[derive(Debug)]
 pub struct ChildSetup {
-    pub(super) procs: Vec<CString>,
+    /// The job's v2 cgroup, if any.
+    pub(super) unified: Option<UnifiedJoin>,
+    /// The job's v1 `tasks` files (see [`JobCgroup::v1_tasks`]).
+    pub(super) tasks: Vec<CString>,
     pub(super) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     pub(super) umask: u32,
     pub(super) credentials: Option<Credentials>,
@@ -546,7 +578,8 @@ impl ChildSetup {
     /// No sandbox: only the umask, and the parent-death signal.
     pub fn plain() -> Self {
         ChildSetup {
-            procs: Vec::new(),
+            unified: None,
+            tasks: Vec::new(),
             rlimits: Vec::new(),
             umask: 0o077,
             credentials: None,
@@ -559,15 +592,22 @@ impl ChildSetup {
     }
 
     /// Applies the steps. Runs in the forked child: only system calls, no
-    /// allocation, no locks.
+    /// allocation, no locks. `born_in_v2`: the child was cloned into the
+    /// job's v2 cgroup (`CLONE_INTO_CGROUP`), and so need not join it.
     ///
     /// # Safety
     /// Call only between fork and exec.
-    pub unsafe fn apply(&self) -> io::Result<()> {
+    pub unsafe fn apply(&self, born_in_v2: bool) -> io::Result<()> {
         // SAFETY (for the whole body): plain system calls on values prepared
         // before the fork.
         unsafe {
-            for path in &self.procs {
+            let joins = self
+                .unified
+                .iter()
+                .filter(|_| !born_in_v2)
+                .map(|u| &u.procs)
+                .chain(&self.tasks);
+            for path in joins {
                 let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 check(fd)?;
                 let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);

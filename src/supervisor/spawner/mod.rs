@@ -25,6 +25,7 @@
 //! Signals (timeouts, kills) still go straight from the supervisor to the
 //! worker's process group and cgroup.
 
+mod clone;
 pub mod protocol;
 mod serve;
 

@@ -37,8 +37,11 @@ pub struct SpawnRequest {
     pub cwd: Vec<u8>,
     /// The job's cgroup directories, killed should the supervisor die.
     pub cgroups: Vec<Vec<u8>>,
-    /// The `cgroup.procs` files the worker joins.
-    pub procs: Vec<Vec<u8>>,
+    /// The job's v2 cgroup directory, which the worker is cloned into (or
+    /// joins through its `cgroup.procs`, where `clone3` is refused).
+    pub unified: Option<Vec<u8>>,
+    /// The v1 `tasks` files the worker writes itself into.
+    pub tasks: Vec<Vec<u8>>,
     /// rlimits: resource and value.
     pub rlimits: Vec<(u32, u64)>,
     /// The umask.
@@ -192,7 +195,14 @@ impl Request {
                 w.list(&s.env);
                 w.bytes(&s.cwd);
                 w.list(&s.cgroups);
-                w.list(&s.procs);
+                match &s.unified {
+                    None => w.u8(0),
+                    Some(dir) => {
+                        w.u8(1);
+                        w.bytes(dir);
+                    }
+                }
+                w.list(&s.tasks);
                 w.u32(s.rlimits.len() as u32);
                 for &(resource, value) in &s.rlimits {
                     w.u32(resource);
@@ -239,7 +249,11 @@ impl Request {
                 let env = r.list()?;
                 let cwd = r.bytes()?;
                 let cgroups = r.list()?;
-                let procs = r.list()?;
+                let unified = match r.u8()? {
+                    0 => None,
+                    _ => Some(r.bytes()?),
+                };
+                let tasks = r.list()?;
                 let n = r.u32()? as usize;
                 if n > 64 {
                     return Err(short());
@@ -268,7 +282,8 @@ impl Request {
                     env,
                     cwd,
                     cgroups,
-                    procs,
+                    unified,
+                    tasks,
                     rlimits,
                     umask,
                     credentials,
@@ -340,7 +355,8 @@ mod tests {
             env: vec![b"PATH=/bin".to_vec()],
             cwd: b"/scratch/7".to_vec(),
             cgroups: vec![b"/sys/fs/cgroup/x".to_vec()],
-            procs: vec![b"/sys/fs/cgroup/x/cgroup.procs".to_vec()],
+            unified: Some(b"/sys/fs/cgroup/x".to_vec()),
+            tasks: vec![b"/sys/fs/cgroup/pids/x/tasks".to_vec()],
             rlimits: vec![(7, 1024)],
             umask: 0o077,
             credentials: Some(WireCredentials {
@@ -352,8 +368,14 @@ mod tests {
             private_tmp: false,
             landlock: true,
         }));
+        let mut without_cgroups = spawn.clone();
+        if let Request::Spawn(s) = &mut without_cgroups {
+            s.unified = None;
+            s.tasks.clear();
+        }
         for request in [
             spawn,
+            without_cgroups,
             Request::Ended { id: 9 },
             Request::KillUid { id: 3, uid: 70000 },
         ] {

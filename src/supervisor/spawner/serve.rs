@@ -4,9 +4,10 @@
 //! exits, and, when the supervisor dies, kills every job it holds and every
 //! process descended from it before it exits.
 //!
-//! Forking from this small process copies few page tables and wakes no
-//! other thread, which is what makes a spawn here cheap; the steps between
-//! fork and exec are the sandbox's own ([`ChildSetup::apply`]).
+//! Starting a worker from this small process copies no page tables and
+//! wakes no other thread, which is what makes a spawn here cheap
+//! ([`super::clone`]); the steps between clone and exec are the sandbox's
+//! own ([`ChildSetup::apply`]).
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -20,8 +21,9 @@ use std::time::{Duration, Instant};
 use nix::libc;
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
+use super::clone::{clone_vfork, clone_vfork_into, clone3_refused, last_errno};
 use super::protocol::{MAX_RECORD, Reply, Request, SpawnRequest};
-use crate::supervisor::sandbox::{ChildSetup, Credentials, MountStrings};
+use crate::supervisor::sandbox::{ChildSetup, Credentials, MountStrings, UnifiedJoin};
 
 /// The signals a terminal or a service manager sends the supervisor's whole
 /// process group: the spawner outlives them, so that the supervisor's
@@ -59,6 +61,9 @@ struct Spawner {
     killers: HashMap<i32, u64>,
     /// The workers' children's stack, until their exec.
     stack: Vec<u8>,
+    /// Whether workers are cloned into their v2 cgroup (until the kernel
+    /// says it cannot).
+    clone_into: bool,
 }
 
 /// The spawner's life. `supervisor` is the pid of the process it serves,
@@ -94,6 +99,7 @@ pub(super) fn serve(sock: OwnedFd, supervisor: i32) -> ! {
         workers: HashMap::new(),
         killers: HashMap::new(),
         stack: vec![0; CHILD_STACK],
+        clone_into: true,
     };
     if signals < 0 || nix::unistd::getppid().as_raw() != supervisor {
         // No way to learn of children or of the supervisor's death, or the
@@ -263,7 +269,7 @@ impl Spawner {
                             .collect(),
                     },
                 );
-                match spawn_worker(&spawn, &fds, self.me, &mut self.stack) {
+                match spawn_worker(&spawn, &fds, self.me, &mut self.stack, &mut self.clone_into) {
                     Ok(pid) => {
                         if let Some(held) = self.jobs.get_mut(&id) {
                             held.pgid = pid;
@@ -402,10 +408,13 @@ fn c_string(bytes: &[u8]) -> Result<CString, i32> {
 const CHILD_STACK: usize = 256 * 1024;
 
 /// What the child of [`spawn_worker`] is given.
+#[derive(Clone, Copy)]
 struct ChildArgs<'a> {
     sources: &'a [RawFd; 4],
     cwd: &'a CString,
     setup: &'a ChildSetup,
+    /// Whether the child is cloned into the job's v2 cgroup.
+    born_in_v2: bool,
     program: &'a CString,
     argv: &'a [*const libc::c_char],
     env: &'a [*const libc::c_char],
@@ -418,33 +427,23 @@ struct ChildArgs<'a> {
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `ChildArgs` that `spawn_worker` passed, alive
     // until the child execs or exits (the parent waits for that).
-    unsafe {
-        let args = &*(arg as *const ChildArgs<'_>);
-        exec_worker(
-            args.sources,
-            args.cwd,
-            args.setup,
-            args.program,
-            args.argv,
-            args.env,
-            args.failed,
-        )
-    }
+    unsafe { exec_worker(&*(arg as *const ChildArgs<'_>)) }
 }
 
 /// Starts one worker: everything allocated first, then a child that shares
-/// this process's memory until its exec (`clone` with `CLONE_VM` and
-/// `CLONE_VFORK`, as `posix_spawn` does: no page tables are copied, and
-/// this process sleeps until the exec); the child takes its descriptors,
-/// its own session, its working directory and the sandbox's steps, then
-/// execs. Returns its pid, or the errno of the step that failed (left by
-/// the child in memory they share: no pipe to make, read and close per
-/// worker).
+/// this process's memory until its exec ([`super::clone`]: no page tables
+/// are copied, and this process sleeps until the exec), born in the job's
+/// v2 cgroup where the kernel can (`clone_into`, cleared for good once it
+/// says it cannot); the child takes its descriptors, its own session, its
+/// working directory and the sandbox's steps, then execs. Returns its pid,
+/// or the errno of the step that failed (left by the child in memory they
+/// share: no pipe to make, read and close per worker).
 fn spawn_worker(
     spawn: &SpawnRequest,
     fds: &[OwnedFd],
     me: i32,
     stack: &mut [u8],
+    clone_into: &mut bool,
 ) -> Result<i32, i32> {
     if fds.len() != 4 + usize::from(spawn.landlock) {
         return Err(libc::EBADF);
@@ -464,9 +463,32 @@ fn spawn_worker(
     let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
     env_ptrs.push(std::ptr::null());
     let cwd = c_string(&spawn.cwd)?;
+    let unified = match &spawn.unified {
+        Some(dir) => Some(UnifiedJoin::new(c_string(dir)?).map_err(|_| libc::EINVAL)?),
+        None => None,
+    };
+    // The v2 directory, open for the clone to be born in.
+    let cgroup = match &unified {
+        Some(join) if *clone_into => {
+            // SAFETY: opens a path given as a C string.
+            let fd = unsafe {
+                libc::open(
+                    join.dir.as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return Err(last_errno());
+            }
+            // SAFETY: a descriptor just opened and owned by nothing else.
+            Some(unsafe { OwnedFd::from_raw_fd(fd) })
+        }
+        _ => None,
+    };
     let setup = ChildSetup {
-        procs: spawn
-            .procs
+        unified,
+        tasks: spawn
+            .tasks
             .iter()
             .map(|p| c_string(p))
             .collect::<Result<_, _>>()?,
@@ -491,46 +513,56 @@ fn spawn_worker(
         fds[3].as_raw_fd(),
     ];
     let failed = AtomicI32::new(0);
-    let args = ChildArgs {
+    let mut args = ChildArgs {
         sources: &sources,
         cwd: &cwd,
         setup: &setup,
+        born_in_v2: cgroup.is_some(),
         program: &program,
         argv: &argv_ptrs,
         env: &env_ptrs,
         failed: &failed,
     };
-    // The stack grows down from its 16-byte-aligned top.
-    let top = {
-        let end = stack.as_mut_ptr_range().end as usize;
-        (end & !15) as *mut libc::c_void
-    };
-    // SAFETY: this process has one thread and sleeps until the child execs
-    // or exits (CLONE_VFORK); the child runs on its own stack and only
-    // makes system calls on what was prepared above, allocating nothing.
-    let cloned = unsafe {
-        libc::clone(
-            child_main,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&args as *const ChildArgs<'_>).cast_mut().cast(),
-        )
-    };
-    match cloned {
-        -1 => Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EAGAIN)),
-        // Back once the child execed or exited (CLONE_VFORK): what it
-        // left is there to read.
-        pid => match failed.load(Ordering::SeqCst) {
-            0 => Ok(pid),
-            errno => {
-                let mut status = 0;
-                // SAFETY: reaps the child that failed before its exec.
-                unsafe { libc::waitpid(pid, &mut status, 0) };
-                Err(errno)
+    let start = |args: &ChildArgs<'_>, stack: &mut [u8]| {
+        let arg = (args as *const ChildArgs<'_>).cast_mut().cast();
+        // SAFETY: this process has one thread and sleeps until the child
+        // execs or exits; the child runs on its own stack and only makes
+        // system calls on what was prepared above, allocating nothing.
+        unsafe {
+            match &cgroup {
+                Some(cgroup) if args.born_in_v2 => {
+                    clone_vfork_into(child_main, arg, stack, cgroup.as_raw_fd())
+                }
+                _ => clone_vfork(child_main, arg, stack),
             }
-        },
+        }
+    };
+    let mut cloned = start(&args, stack);
+    // Whatever `clone3` refused, `clone` and a write to `cgroup.procs` try
+    // again: nothing was started, and the write fails for any reason of
+    // the cgroup's own (one removed, say), so no worker runs outside it.
+    if let (true, Err(errno)) = (args.born_in_v2, cloned) {
+        if clone3_refused(errno) {
+            *clone_into = false;
+            eprintln!(
+                "jobmgr-spawner: clone3 into a cgroup is refused here ({}): workers join their cgroup through cgroup.procs from now on, which can wait 10-30 ms for the kernel",
+                std::io::Error::from_raw_os_error(errno)
+            );
+        }
+        args.born_in_v2 = false;
+        cloned = start(&args, stack);
+    }
+    // Back once the child execed or exited (CLONE_VFORK): what it left is
+    // there to read.
+    let pid = cloned?;
+    match failed.load(Ordering::SeqCst) {
+        0 => Ok(pid),
+        errno => {
+            let mut status = 0;
+            // SAFETY: reaps the child that failed before its exec.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            Err(errno)
+        }
     }
 }
 
@@ -539,31 +571,28 @@ fn spawn_worker(
 /// # Safety
 /// Call only in the child of a `CLONE_VM | CLONE_VFORK` clone (`failed`
 /// must be the parent's own memory); it never returns.
-unsafe fn exec_worker(
-    sources: &[RawFd; 4],
-    cwd: &CString,
-    setup: &ChildSetup,
-    program: &CString,
-    argv: &[*const libc::c_char],
-    env: &[*const libc::c_char],
-    failed: &AtomicI32,
-) -> ! {
+unsafe fn exec_worker(args: &ChildArgs<'_>) -> ! {
+    let ChildArgs {
+        sources,
+        cwd,
+        setup,
+        born_in_v2,
+        program,
+        argv,
+        env,
+        failed,
+    } = *args;
     // SAFETY: plain system calls on values prepared before the clone.
     unsafe {
         let fail = |errno: i32| -> ! {
             failed.store(if errno == 0 { libc::EIO } else { errno }, Ordering::SeqCst);
             libc::_exit(127)
         };
-        let last = || {
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO)
-        };
         // A session of its own first, while signals are still blocked: a
         // stop signal to the supervisor's terminal group (Ctrl-Z) must not
         // stop it before its exec, with the spawner waiting for that exec.
         if libc::setsid() < 0 {
-            fail(last());
+            fail(last_errno());
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
@@ -583,17 +612,17 @@ unsafe fn exec_worker(
                 libc::dup2(source, target)
             };
             if done < 0 {
-                fail(last());
+                fail(last_errno());
             }
         }
         if libc::chdir(cwd.as_ptr()) < 0 {
-            fail(last());
+            fail(last_errno());
         }
-        if let Err(error) = setup.apply() {
+        if let Err(error) = setup.apply(born_in_v2) {
             fail(error.raw_os_error().unwrap_or(libc::EPERM));
         }
         libc::execve(program.as_ptr(), argv.as_ptr(), env.as_ptr());
-        fail(last())
+        fail(last_errno())
     }
 }
 
@@ -604,10 +633,128 @@ fn kill_uid(uid: u32) -> Result<i32, i32> {
     }
     // SAFETY: the child makes only system calls and ends itself.
     match unsafe { libc::fork() } {
-        -1 => Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EAGAIN)),
+        -1 => Err(last_errno()),
         0 => unsafe { crate::supervisor::uids::kill_every_process_as(uid) },
         pid => Ok(pid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::cgroup::{CgroupLimits, Cgroups, JobCgroup};
+    use std::io::Read;
+    use std::path::Path;
+
+    /// Starts `cat /proc/self/cgroup` in `job`'s cgroups by [`spawn_worker`]
+    /// and returns what it printed and whether cloning into the v2 cgroup
+    /// was still on afterwards.
+    fn cgroups_of_a_worker(job: &JobCgroup, clone_into: bool) -> (String, bool) {
+        let bytes = |p: &Path| p.as_os_str().as_bytes().to_vec();
+        let request = SpawnRequest {
+            program: b"/bin/cat".to_vec(),
+            args: vec![b"/proc/self/cgroup".to_vec()],
+            cwd: b"/".to_vec(),
+            cgroups: job.dirs().iter().map(|d| bytes(d)).collect(),
+            unified: job.unified_dir().map(bytes),
+            tasks: job.v1_tasks().iter().map(|t| bytes(t)).collect(),
+            umask: 0o077,
+            ..SpawnRequest::default()
+        };
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let fds = [null(), write, null(), null()];
+        let mut stack = vec![0; CHILD_STACK];
+        let mut clone_into = clone_into;
+        let me = std::process::id() as i32;
+        let pid = spawn_worker(&request, &fds, me, &mut stack, &mut clone_into)
+            .unwrap_or_else(|errno| panic!("the worker did not start: errno {errno}"));
+        drop(fds);
+        let mut printed = String::new();
+        std::fs::File::from(read)
+            .read_to_string(&mut printed)
+            .unwrap();
+        let mut status = 0;
+        // SAFETY: reaps the worker this test started.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(status, 0, "cat /proc/self/cgroup failed: {printed}");
+        (printed, clone_into)
+    }
+
+    /// The line of `/proc/self/cgroup` output for the hierarchy that `dir`
+    /// belongs to, and the path `dir` has in it.
+    fn line_and_path(printed: &str, dir: &Path) -> (String, String) {
+        let below = |mount: &str| dir.strip_prefix(mount).ok().map(Path::to_path_buf);
+        let (controller, path) = match below("/sys/fs/cgroup/unified") {
+            Some(path) => (String::new(), path),
+            None => {
+                let rest = below("/sys/fs/cgroup").unwrap();
+                let mut parts = rest.components();
+                let controller = parts.next().unwrap().as_os_str().to_string_lossy();
+                // On a v2-only machine the v2 tree is /sys/fs/cgroup itself.
+                if dir.join("cgroup.controllers").exists() {
+                    (String::new(), rest.clone())
+                } else {
+                    (controller.into_owned(), parts.as_path().to_path_buf())
+                }
+            }
+        };
+        let line = printed
+            .lines()
+            .find(|line| {
+                line.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|c| c == controller))
+            })
+            .unwrap_or_else(|| panic!("no line for {controller:?} in {printed}"))
+            .to_string();
+        (line, format!("/{}", path.display()))
+    }
+
+    #[test]
+    fn a_worker_is_in_its_jobs_cgroups_from_its_exec_cloned_into_them_or_not() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!(
+                "SKIPPED a_worker_is_in_its_jobs_cgroups_from_its_exec_cloned_into_them_or_not: not root, so no cgroups of its own"
+            );
+            return;
+        }
+        // A v1 `pids` hierarchy where there is one (hybrid machines), to
+        // see the worker join it through `tasks`; none asked of v2, which
+        // would move this test's process (and fail where others share
+        // its cgroup).
+        let limits = CgroupLimits {
+            pids_max: Path::new("/sys/fs/cgroup/pids/tasks")
+                .exists()
+                .then_some(64),
+            ..CgroupLimits::default()
+        };
+        let cgroups = match Cgroups::detect(&limits) {
+            Ok(cgroups) => cgroups,
+            Err(why) => {
+                eprintln!(
+                    "SKIPPED a_worker_is_in_its_jobs_cgroups_from_its_exec_cloned_into_them_or_not: no cgroups here: {why}"
+                );
+                return;
+            }
+        };
+        for (n, clone_into) in [true, false].into_iter().enumerate() {
+            let job = cgroups.job(n as i64, &limits).unwrap();
+            let (printed, still) = cgroups_of_a_worker(&job, clone_into);
+            for dir in job.dirs() {
+                let (line, path) = line_and_path(&printed, dir);
+                assert!(
+                    line.ends_with(&format!(":{path}")),
+                    "clone_into {clone_into}: {line} is not in {path}"
+                );
+            }
+            if clone_into && job.unified_dir().is_some() && cfg!(target_arch = "x86_64") {
+                assert!(
+                    still,
+                    "this kernel (5.7 or later) refused CLONE_INTO_CGROUP"
+                );
+            }
+            assert!(job.emptied());
+        }
     }
 }
