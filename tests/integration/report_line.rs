@@ -113,7 +113,12 @@ exit 75"#
     });
     let job = api.job(garbles);
     assert_eq!(job["name"], "rl/Garbles", "{job}");
-    assert_eq!(job["state"], "QUEUED", "{job}");
+    // Back in the queue, due at once, so the supervisor may have taken it
+    // again already: retried, not failed or finished.
+    assert!(
+        matches!(job["state"].as_str(), Some("QUEUED" | "RUNNING")),
+        "{job}"
+    );
     assert!(
         sup.stderr().contains("its report line was not followed"),
         "the log says why: {}",
