@@ -19,6 +19,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::proc_stat::ProcStat;
+
 /// The limits a job's cgroup gets.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CgroupLimits {
@@ -456,15 +458,7 @@ fn children_in(dir: &Path, parent: u32) -> Vec<u32> {
     procs
         .split_whitespace()
         .filter_map(|p| p.parse::<u32>().ok())
-        .filter(|pid| {
-            // `/proc/<pid>/stat`: "pid (comm) state ppid …".
-            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(") ")
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                    .and_then(|ppid| ppid.parse::<u32>().ok())
-                    == Some(parent)
-            })
-        })
+        .filter(|&pid| ProcStat::read(pid as i32).is_some_and(|stat| stat.ppid as u32 == parent))
         .collect()
 }
 

@@ -15,6 +15,7 @@ pub mod landlock;
 pub mod launcher;
 pub mod no_worker;
 pub mod output;
+pub mod proc_stat;
 pub mod process;
 pub mod report;
 pub mod report_line;

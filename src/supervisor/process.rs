@@ -653,14 +653,7 @@ mod tests {
 
     /// Whether a process is gone (no `/proc/PID`, or a zombie).
     fn dead(pid: i32) -> bool {
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => true,
-            Ok(stat) => matches!(
-                stat.rsplit_once(") ")
-                    .and_then(|(_, rest)| rest.chars().next()),
-                Some('Z' | 'X')
-            ),
-        }
+        crate::supervisor::proc_stat::ProcStat::read(pid).is_none_or(|stat| stat.ended())
     }
 
     /// The runtime's wait on a worker fails when someone else reaped it

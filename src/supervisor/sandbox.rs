@@ -400,7 +400,7 @@ impl Sandbox {
             Some(cgroup) => (
                 cgroup
                     .unified_dir()
-                    .map(|dir| UnifiedJoin::new(cstring(dir)?))
+                    .map(|dir| cstring(dir).map(UnifiedJoin::new))
                     .transpose()?,
                 cgroup
                     .v1_tasks()
@@ -539,13 +539,13 @@ pub struct UnifiedJoin {
 
 impl UnifiedJoin {
     /// The join of the v2 directory `dir`.
-    pub(super) fn new(dir: CString) -> io::Result<Self> {
+    pub(super) fn new(dir: CString) -> Self {
         let mut procs = dir.clone().into_bytes();
         procs.extend_from_slice(b"/cgroup.procs");
-        Ok(UnifiedJoin {
+        UnifiedJoin {
             dir,
-            procs: CString::new(procs).map_err(io::Error::other)?,
-        })
+            procs: CString::new(procs).expect("a C string and a suffix without NUL hold no NUL"),
+        }
     }
 }
 

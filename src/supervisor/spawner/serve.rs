@@ -23,6 +23,7 @@ use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
 use super::clone::{clone_vfork, clone_vfork_into, clone3_refused, last_errno};
 use super::protocol::{MAX_RECORD, Reply, Request, SpawnRequest};
+use crate::supervisor::proc_stat::ProcStat;
 use crate::supervisor::sandbox::{ChildSetup, Credentials, MountStrings, UnifiedJoin};
 
 /// The signals a terminal or a service manager sends the supervisor's whole
@@ -373,16 +374,11 @@ fn descendants(me: i32) -> Vec<i32> {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some((_, rest)) = stat.rsplit_once(") ") else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let zombie = matches!(fields.next(), Some("Z" | "X"));
-        if let Some(Ok(ppid)) = fields.next().map(str::parse::<i32>) {
-            children.entry(ppid).or_default().push((pid, zombie));
+        if let Some(stat) = ProcStat::read(pid) {
+            children
+                .entry(stat.ppid)
+                .or_default()
+                .push((pid, stat.ended()));
         }
     }
     let mut found = Vec::new();
@@ -464,7 +460,7 @@ fn spawn_worker(
     env_ptrs.push(std::ptr::null());
     let cwd = c_string(&spawn.cwd)?;
     let unified = match &spawn.unified {
-        Some(dir) => Some(UnifiedJoin::new(c_string(dir)?).map_err(|_| libc::EINVAL)?),
+        Some(dir) => Some(UnifiedJoin::new(c_string(dir)?)),
         None => None,
     };
     // The v2 directory, open for the clone to be born in.
