@@ -346,9 +346,9 @@ impl Reply {
 mod tests {
     use super::*;
 
-    #[test]
-    fn requests_and_replies_read_back_as_written() {
-        let spawn = Request::Spawn(Box::new(SpawnRequest {
+    /// A spawn request with every field set: cgroups, credentials, flags.
+    fn a_full_spawn_request() -> Request {
+        Request::Spawn(Box::new(SpawnRequest {
             id: 7,
             program: b"/w/Noop".to_vec(),
             args: vec![b"a".to_vec(), Vec::new()],
@@ -367,7 +367,12 @@ mod tests {
             no_network: true,
             private_tmp: false,
             landlock: true,
-        }));
+        }))
+    }
+
+    #[test]
+    fn requests_and_replies_read_back_as_written() {
+        let spawn = a_full_spawn_request();
         let mut without_cgroups = spawn.clone();
         if let Request::Spawn(s) = &mut without_cgroups {
             s.unified = None;
@@ -402,5 +407,17 @@ mod tests {
             Request::decode(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255]).is_err()
         );
         assert!(Reply::decode(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn a_spawn_record_cut_anywhere_is_refused() {
+        let record = a_full_spawn_request().encode();
+        for len in 0..record.len() {
+            assert!(
+                Request::decode(&record[..len]).is_err(),
+                "a spawn record cut to {len} of {} bytes was read",
+                record.len()
+            );
+        }
     }
 }
