@@ -15,7 +15,7 @@ use crate::config::{self, SupervisorOptions};
 use crate::server::bedrock::{self, DEFAULT_BEDROCK_ADDR};
 use crate::server::queue::QueueConfig;
 use crate::server::{self, DEFAULT_HTTP_ADDR, Listeners, ServerConfig};
-use crate::supervisor::gate::LoadSource;
+use crate::supervisor::gate::{LoadSource, RecentLoad};
 use crate::supervisor::{Settings, Supervisor};
 
 /// The supervisor's command line.
@@ -168,7 +168,10 @@ pub async fn run(args: SuperviseArgs) -> Result<(), CliError> {
     let status_path = config::status_file(&options, &state_dir);
     let status_writer = host.status.keep_written(status_path.clone());
     for settings in pools {
-        let load: Arc<dyn LoadSource> = Arc::new(settings.load.clone());
+        let load: Arc<dyn LoadSource> = Arc::new(RecentLoad::new(
+            settings.load.clone(),
+            crate::supervisor::gate::READING_REUSED_FOR,
+        ));
         let reload_args = SuperviseArgs {
             config: args.config.clone(),
             token: None,
