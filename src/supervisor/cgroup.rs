@@ -16,8 +16,14 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{Mode, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use super::proc_stat::ProcStat;
 
@@ -39,21 +45,97 @@ impl CgroupLimits {
     }
 }
 
+/// A cgroup directory of ours, held open: a job's cgroups are made,
+/// written and removed relative to it, so that no call walks the whole
+/// path from `/sys/fs/cgroup` again (each component a kernfs lookup).
+#[derive(Debug, Clone)]
+struct Base {
+    path: PathBuf,
+    dir: Arc<OwnedFd>,
+}
+
+impl Base {
+    /// Opens `path`, a directory.
+    fn open(path: PathBuf) -> io::Result<Self> {
+        let dir = openat(
+            nix::fcntl::AT_FDCWD,
+            &path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+        Ok(Base {
+            path,
+            dir: Arc::new(dir),
+        })
+    }
+
+    /// Makes the job directory `name` in it.
+    fn make(&self, name: &str) -> io::Result<PathBuf> {
+        let path = self.path.join(name);
+        mkdirat(&*self.dir, name, Mode::from_bits_truncate(0o755)).map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+        Ok(path)
+    }
+
+    /// Writes `value` to the file `name/file` in it.
+    fn write(&self, name: &str, file: &str, value: &str) -> io::Result<()> {
+        let relative = format!("{name}/{file}");
+        let context = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("{}: {e}", self.path.join(&relative).display()),
+            )
+        };
+        let fd = openat(
+            &*self.dir,
+            relative.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| context(e.into()))?;
+        io::Write::write_all(&mut fs::File::from(fd), value.as_bytes()).map_err(context)
+    }
+
+    /// Removes the job directory `name` from it; true if it is gone (also
+    /// when it was already), false while the kernel refuses (a process is
+    /// still in it).
+    fn remove(&self, name: &str) -> bool {
+        match unlinkat(&*self.dir, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) => true,
+            Err(errno) => errno == nix::errno::Errno::ENOENT,
+        }
+    }
+}
+
 /// Where job cgroups are made.
 #[derive(Debug)]
 pub struct Cgroups {
     /// A v2 directory of ours (with `cgroup.kill`), if any.
-    unified: Option<PathBuf>,
+    unified: Option<Base>,
     /// Whether the v2 directory has the memory, pids and cpu controllers.
     unified_controllers: Vec<String>,
     /// v1 directories of ours, by controller.
-    v1: Vec<(&'static str, PathBuf)>,
+    v1: Vec<(&'static str, Base)>,
 }
 
 /// A job's cgroups.
 #[derive(Debug)]
 pub struct JobCgroup {
     dirs: Vec<PathBuf>,
+    /// The name of the job's directory in each of `bases`, open
+    /// directories that parallel `dirs`: the usual end removes them there.
+    name: String,
+    bases: Vec<Base>,
     /// Set once every directory is removed: nothing is left to kill.
     removed: std::sync::atomic::AtomicBool,
     /// The v1 `tasks` files the worker writes itself into (see
@@ -109,7 +191,9 @@ impl Cgroups {
         match (mount, own_path(None)) {
             (Some(mount), Some(own)) => {
                 let own_dir = mount.join(own.trim_start_matches('/'));
-                match Self::prepare_v2(&own_dir, &name, limits) {
+                match Self::prepare_v2(&own_dir, &name, limits)
+                    .and_then(|(dir, controllers)| Ok((Base::open(dir)?, controllers)))
+                {
                     Ok((dir, controllers)) => {
                         found.unified = Some(dir);
                         found.unified_controllers = controllers;
@@ -138,8 +222,8 @@ impl Cgroups {
                 continue;
             }
             let dir = mount.join(own.trim_start_matches('/')).join(&name);
-            match fs::create_dir_all(&dir) {
-                Ok(()) => found.v1.push((controller, dir)),
+            match fs::create_dir_all(&dir).and_then(|()| Base::open(dir)) {
+                Ok(base) => found.v1.push((controller, base)),
                 Err(e) => reasons.push(format!("cgroup v1 {controller}: {e}")),
             }
         }
@@ -199,8 +283,8 @@ impl Cgroups {
         let parents: Vec<PathBuf> = self
             .unified
             .iter()
-            .chain(self.v1.iter().map(|(_, d)| d))
-            .filter_map(|d| d.parent().map(Path::to_path_buf))
+            .chain(self.v1.iter().map(|(_, b)| b))
+            .filter_map(|b| b.path.parent().map(Path::to_path_buf))
             .collect();
         for parent in parents {
             let Ok(entries) = fs::read_dir(&parent) else {
@@ -234,19 +318,22 @@ impl Cgroups {
             } else {
                 self.unified_controllers.join(", ")
             };
-            parts.push(format!("v2 at {} ({controllers})", dir.display()));
+            parts.push(format!("v2 at {} ({controllers})", dir.path.display()));
         }
         for (controller, dir) in &self.v1 {
-            parts.push(format!("v1 {controller} at {}", dir.display()));
+            parts.push(format!("v1 {controller} at {}", dir.path.display()));
         }
         parts.join("; ")
     }
 
-    /// Makes a job's cgroups with `limits`.
+    /// Makes a job's cgroups with `limits`. Each directory is made, and
+    /// its limits written, relative to its base's open directory.
     pub fn job(&self, job_id: i64, limits: &CgroupLimits) -> io::Result<JobCgroup> {
         let name = format!("job-{job_id}-{:08x}", rand::random::<u32>());
         let mut job = JobCgroup {
             dirs: Vec::new(),
+            name: name.clone(),
+            bases: Vec::new(),
             removed: std::sync::atomic::AtomicBool::new(false),
             tasks: Vec::new(),
             unified: None,
@@ -254,28 +341,28 @@ impl Cgroups {
             memory_v1: None,
         };
         if let Some(base) = &self.unified {
-            let dir = base.join(&name);
-            fs::create_dir(&dir)?;
+            let dir = base.make(&name)?;
             job.dirs.push(dir.clone());
+            job.bases.push(base.clone());
             for controller in &self.unified_controllers {
                 match controller.as_str() {
                     "memory" => {
                         if let Some(max) = limits.memory_max {
-                            write(&dir.join("memory.max"), &max.to_string())?;
-                            let _ = write(&dir.join("memory.swap.max"), "0");
+                            base.write(&name, "memory.max", &max.to_string())?;
+                            let _ = base.write(&name, "memory.swap.max", "0");
                         }
                         job.memory_v2 = true;
                     }
                     "pids" => {
                         if let Some(max) = limits.pids_max {
-                            write(&dir.join("pids.max"), &max.to_string())?;
+                            base.write(&name, "pids.max", &max.to_string())?;
                         }
                     }
                     "cpu" => {
                         if let Some(cpus) = limits.cpu_max {
                             let period = 100_000u64;
                             let quota = ((cpus * period as f64) as u64).max(1000);
-                            write(&dir.join("cpu.max"), &format!("{quota} {period}"))?;
+                            base.write(&name, "cpu.max", &format!("{quota} {period}"))?;
                         }
                     }
                     _ => {}
@@ -284,28 +371,29 @@ impl Cgroups {
             job.unified = Some(dir);
         }
         for (controller, base) in &self.v1 {
-            let dir = base.join(&name);
-            fs::create_dir(&dir)?;
+            let dir = base.make(&name)?;
             job.dirs.push(dir.clone());
+            job.bases.push(base.clone());
             match *controller {
                 "memory" => {
                     if let Some(max) = limits.memory_max {
-                        write(&dir.join("memory.limit_in_bytes"), &max.to_string())?;
-                        let _ = write(&dir.join("memory.memsw.limit_in_bytes"), &max.to_string());
+                        base.write(&name, "memory.limit_in_bytes", &max.to_string())?;
+                        let _ = base.write(&name, "memory.memsw.limit_in_bytes", &max.to_string());
                     }
                     job.memory_v1 = Some(dir.clone());
                 }
                 "pids" => {
                     if let Some(max) = limits.pids_max {
-                        write(&dir.join("pids.max"), &max.to_string())?;
+                        base.write(&name, "pids.max", &max.to_string())?;
                     }
                 }
                 "cpu" => {
                     if let Some(cpus) = limits.cpu_max {
                         let period = 100_000u64;
-                        write(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
-                        write(
-                            &dir.join("cpu.cfs_quota_us"),
+                        base.write(&name, "cpu.cfs_period_us", &period.to_string())?;
+                        base.write(
+                            &name,
+                            "cpu.cfs_quota_us",
                             &((cpus * period as f64) as u64).max(1000).to_string(),
                         )?;
                     }
@@ -396,10 +484,7 @@ impl JobCgroup {
         if self.removed.load(std::sync::atomic::Ordering::SeqCst) {
             return true;
         }
-        let all = self.dirs.iter().all(|dir| match fs::remove_dir(dir) {
-            Ok(()) => true,
-            Err(e) => e.kind() == io::ErrorKind::NotFound,
-        });
+        let all = self.bases.iter().all(|base| base.remove(&self.name));
         if all {
             self.removed
                 .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -532,8 +617,8 @@ fn remove_tree(dir: &Path) {
 
 impl Drop for Cgroups {
     fn drop(&mut self) {
-        for dir in self.unified.iter().chain(self.v1.iter().map(|(_, d)| d)) {
-            remove_tree(dir);
+        for base in self.unified.iter().chain(self.v1.iter().map(|(_, b)| b)) {
+            remove_tree(&base.path);
         }
     }
 }
