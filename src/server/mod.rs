@@ -10,6 +10,7 @@ pub mod http;
 mod layers;
 pub mod ledger;
 pub mod queue;
+pub mod records;
 pub mod store;
 
 use std::future::Future;

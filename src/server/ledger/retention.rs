@@ -1,10 +1,9 @@
 //! How long the ledger keeps things, as qless's `jobs-history`,
 //! `jobs-history-count`, `stats-history`, `histogram-history` and
-//! `max-worker-age` say, and what a purge removed.
+//! `max-worker-age` say. What a purge removed is a record
+//! ([`crate::server::records::PurgeCounts`]).
 
 use std::time::Duration;
-
-use serde_json::{Value, json};
 
 /// The ledger's retention settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,40 +40,4 @@ impl Default for Retention {
 /// A duration in milliseconds, saturating.
 pub fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// What one purge removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PurgeCounts {
-    /// Archived jobs.
-    pub archived: u64,
-    /// FAILED jobs removed from the queue with their archive entry.
-    pub failed: u64,
-    /// Attempts.
-    pub attempts: u64,
-    /// Hourly statistics rows, per name and per supervisor.
-    pub stats: u64,
-    /// Histograms dropped from rows that stay.
-    pub histograms: u64,
-    /// Supervisors gone for longer than the history is kept.
-    pub workers: u64,
-}
-
-impl PurgeCounts {
-    /// The counts for the API.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "archived": self.archived,
-            "failed": self.failed,
-            "attempts": self.attempts,
-            "stats": self.stats,
-            "histograms": self.histograms,
-            "workers": self.workers,
-        })
-    }
-
-    /// Whether nothing was removed.
-    pub fn is_empty(&self) -> bool {
-        *self == PurgeCounts::default()
-    }
 }

@@ -12,79 +12,14 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
-
-use super::{HOUR_MS, Summary, hour_of};
+use super::{HOUR_MS, hour_of};
 use crate::protocol::Timestamp;
+use crate::server::records::WorkerDelta;
 
 /// The most hours one span is spread over (about 14 months): a span longer
 /// than that (a clock that jumped, a run held for a year) counts only its
 /// latest hours, which is all statistics keep anyway.
 pub const MAX_SPAN_HOURS: i64 = 10_000;
-
-/// What one event adds to a supervisor's hour.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WorkerDelta {
-    /// A reported run's executing time, in ms.
-    pub run_ms: Option<i64>,
-    /// Busy time, in ms (slot-milliseconds).
-    pub busy_ms: i64,
-    /// Capacity offered, in ms (slot-milliseconds).
-    pub capacity_ms: i64,
-}
-
-/// An hour (or a longer period) of one supervisor's statistics.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct WorkerStatsRow {
-    /// The supervisor's id (`HOST-PID`, `HOST-PID/POOL`).
-    pub worker: String,
-    /// The period's start, in ms.
-    pub hour: i64,
-    /// Executing times of the runs it reported.
-    pub run: Summary,
-    /// Busy slot-milliseconds.
-    pub busy_ms: i64,
-    /// Offered slot-milliseconds.
-    pub capacity_ms: i64,
-}
-
-impl WorkerStatsRow {
-    /// Adds another row's figures (for longer periods, or live additions).
-    pub fn merge(&mut self, other: &WorkerStatsRow) {
-        self.run.merge(&other.run);
-        self.add(&WorkerDelta {
-            run_ms: None,
-            busy_ms: other.busy_ms,
-            capacity_ms: other.capacity_ms,
-        });
-    }
-
-    /// Adds one event.
-    pub fn add(&mut self, delta: &WorkerDelta) {
-        if let Some(ms) = delta.run_ms {
-            self.run.add(ms.max(0) as f64);
-        }
-        self.busy_ms = self.busy_ms.saturating_add(delta.busy_ms.max(0));
-        self.capacity_ms = self.capacity_ms.saturating_add(delta.capacity_ms.max(0));
-    }
-
-    /// Busy time over capacity; `None` when no capacity was offered.
-    pub fn utilisation(&self) -> Option<f64> {
-        (self.capacity_ms > 0).then(|| self.busy_ms as f64 / self.capacity_ms as f64)
-    }
-
-    /// The row as one point of a chart series (`time` is the period's start).
-    pub fn to_json(&self) -> Value {
-        json!({
-            "time": Timestamp(self.hour).to_string(),
-            "jobs": self.run.count,
-            "run": self.run.to_json_secs(),
-            "busySecs": self.busy_ms as f64 / 1000.0,
-            "capacitySecs": self.capacity_ms as f64 / 1000.0,
-            "utilisation": self.utilisation(),
-        })
-    }
-}
 
 /// The hours `[from, to)` covers, each with the milliseconds of the span
 /// that fall in it, earliest first; at most [`MAX_SPAN_HOURS`] of them.
@@ -134,6 +69,7 @@ pub fn heard_span(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::records::WorkerStatsRow;
 
     fn at(text: &str) -> Timestamp {
         Timestamp::parse(text).unwrap()

@@ -1,9 +1,9 @@
-//! The ledger's rows (see [`crate::server::ledger`]) behind a trait, beside
+//! The ledger's rows ([`crate::server::records`]) behind a trait, beside
 //! the jobs themselves, written in the same transactions.
 
 use super::ArchiveQuery;
 use crate::protocol::{JobError, JobId, NamePattern, Timestamp, WorkerInfo};
-use crate::server::ledger::{
+use crate::server::records::{
     ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
     WorkerDelta, WorkerRow, WorkerStatsRow,
 };

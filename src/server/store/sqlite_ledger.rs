@@ -6,7 +6,7 @@ use super::ArchiveQuery;
 use super::ledger::{LedgerTx, PurgeLimits};
 use super::sqlite::{FailingTx, SqliteTx, store_error};
 use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
-use crate::server::ledger::{
+use crate::server::records::{
     ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
     Summary, WorkerDelta, WorkerRow, WorkerStatsRow, histogram,
 };

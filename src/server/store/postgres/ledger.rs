@@ -13,7 +13,7 @@ use postgres::types::FromSql;
 use super::glob::{Params, name_condition};
 use super::{PgTx, corrupt, ledger_stats};
 use crate::protocol::{Data, JobError, JobId, NamePattern, Timestamp, WorkerInfo};
-use crate::server::ledger::{
+use crate::server::records::{
     ArchivedJob, Attempt, AttemptEnd, FailureGroup, OpenAttempt, PurgeCounts, StatsDelta, StatsRow,
     WorkerDelta, WorkerRow, WorkerStatsRow,
 };

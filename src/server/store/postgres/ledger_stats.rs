@@ -15,7 +15,7 @@ use super::PgTx;
 use super::glob::{Params, name_condition};
 use super::ledger::{bigint, col, count};
 use crate::protocol::{JobError, NamePattern, Timestamp};
-use crate::server::ledger::{
+use crate::server::records::{
     StatsDelta, StatsRow, Summary, WorkerDelta, WorkerStatsRow, histogram,
 };
 
