@@ -31,6 +31,12 @@ pub struct LoadSample {
 pub trait LoadSource: Send + Sync {
     /// Takes a reading.
     fn sample(&self) -> std::io::Result<LoadSample>;
+
+    /// Drops a reading kept for reuse, if any, so that the next
+    /// [`LoadSource::sample`] reads the machine. The gate calls it when a
+    /// reading closes it, so that it opens again as soon as the machine
+    /// allows, not a reuse later.
+    fn forget(&self) {}
 }
 
 /// The kernel's load average file, read through `sysinfo`.
@@ -121,9 +127,10 @@ impl ProcLoad {
 /// below the kernel's own steps (the load average moves every 5 s, CPU
 /// pressure's `avg10` every 2 s) and below the time a starting job takes to
 /// grow, yet at hundreds of jobs a second it spares nearly every read of
-/// `/proc/meminfo` and `/proc/loadavg`, about 5 % of the supervisor's CPU
+/// `/proc/meminfo` and `/proc/loadavg`, about 7 % of the supervisor's CPU
 /// per job when jobs come one at a time. (A fetch that then waits in its
-/// long poll starts what it brings seconds after the reading anyway.)
+/// long poll starts what it brings seconds after the reading anyway.) A
+/// reading that closes the gate is not reused: see [`LoadSource::forget`].
 pub const READING_REUSED_FOR: Duration = Duration::from_millis(100);
 
 /// A [`LoadSource`] whose readings are reused while they are younger than
@@ -146,10 +153,11 @@ impl<S: LoadSource> RecentLoad<S> {
     }
 }
 
-impl<S: LoadSource> LoadSource for RecentLoad<S> {
-    fn sample(&self) -> std::io::Result<LoadSample> {
+impl<S: LoadSource> RecentLoad<S> {
+    /// The reading as of `now`: the kept one while it is younger than
+    /// `fresh_for`, else a new one (kept if it succeeded).
+    fn sample_at(&self, now: Instant) -> std::io::Result<LoadSample> {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
         if let Some((at, sample)) = *last
             && now.saturating_duration_since(at) < self.fresh_for
         {
@@ -158,6 +166,16 @@ impl<S: LoadSource> LoadSource for RecentLoad<S> {
         let sample = self.source.sample();
         *last = sample.as_ref().ok().map(|s| (now, *s));
         sample
+    }
+}
+
+impl<S: LoadSource> LoadSource for RecentLoad<S> {
+    fn sample(&self) -> std::io::Result<LoadSample> {
+        self.sample_at(Instant::now())
+    }
+
+    fn forget(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -329,7 +347,7 @@ impl Gate {
         self.ceiling = self.ceiling.min(self.limits.max_workers.max(1));
     }
 
-    /// The last reading taken.
+    /// The reading the last check judged by (taken then, or reused).
     pub fn last_sample(&self) -> Option<LoadSample> {
         self.last_sample
     }
@@ -354,6 +372,7 @@ impl Gate {
             // The load is high: the ramp starts again from what runs now.
             self.ceiling = running.max(self.limits.ramp).min(max_workers);
             self.last_raise = now;
+            load.forget();
             return Err(Closed::Load {
                 load: sample.load1,
                 max: self.limits.max_load,
@@ -365,9 +384,11 @@ impl Gate {
             // Like the load: the ramp starts again from what runs now.
             self.ceiling = running.max(self.limits.ramp).min(max_workers);
             self.last_raise = now;
+            load.forget();
             return Err(Closed::Pressure { pressure, max });
         }
         if sample.available_memory < self.limits.min_available_memory {
+            load.forget();
             return Err(Closed::Memory {
                 available: sample.available_memory,
                 floor: self.limits.min_available_memory,
@@ -533,6 +554,85 @@ mod tests {
             never.source.reads.load(std::sync::atomic::Ordering::SeqCst),
             2
         );
+    }
+
+    #[test]
+    fn a_reading_serves_until_it_is_fresh_for_old_then_the_new_one_does() {
+        let reused = RecentLoad::new(counted(), Duration::from_millis(100));
+        let t0 = Instant::now();
+        assert_eq!(reused.sample_at(t0).unwrap().load1, 0.0);
+        let ms = Duration::from_millis;
+        assert_eq!(reused.sample_at(t0 + ms(99)).unwrap().load1, 0.0);
+        assert_eq!(reused.sample_at(t0 + ms(100)).unwrap().load1, 1.0);
+        assert_eq!(reused.sample_at(t0 + ms(150)).unwrap().load1, 1.0);
+        assert_eq!(reused.sample_at(t0 + ms(199)).unwrap().load1, 1.0);
+        assert_eq!(reused.sample_at(t0 + ms(200)).unwrap().load1, 2.0);
+        assert_eq!(
+            reused
+                .source
+                .reads
+                .load(std::sync::atomic::Ordering::SeqCst),
+            3
+        );
+    }
+
+    /// A machine whose reading a test sets, counting how often it is read.
+    struct Settable {
+        now: Mutex<LoadSample>,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl LoadSource for Settable {
+        fn sample(&self) -> std::io::Result<LoadSample> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(*self.now.lock().unwrap())
+        }
+    }
+
+    #[test]
+    fn a_reading_that_closes_the_gate_is_not_reused_and_one_that_opens_it_is() {
+        let machine = |load1, available_memory| {
+            RecentLoad::new(
+                Settable {
+                    now: Mutex::new(LoadSample {
+                        load1,
+                        available_memory,
+                        cpu_pressure: None,
+                    }),
+                    reads: Default::default(),
+                },
+                Duration::from_secs(3600),
+            )
+        };
+        let reads = |load: &RecentLoad<Settable>| {
+            load.source.reads.load(std::sync::atomic::Ordering::SeqCst)
+        };
+        let set = |load: &RecentLoad<Settable>, load1, available_memory| {
+            *load.source.now.lock().unwrap() = LoadSample {
+                load1,
+                available_memory,
+                cpu_pressure: None,
+            };
+        };
+        let t0 = Instant::now() + Duration::from_secs(30);
+
+        // Closed by the load, then by memory: each next check reads again.
+        let load = machine(9.0, 1000);
+        let mut gate = Gate::new(limits());
+        assert!(matches!(gate.check(0, &load, t0), Err(Closed::Load { .. })));
+        set(&load, 1.0, 99);
+        assert!(matches!(
+            gate.check(0, &load, t0),
+            Err(Closed::Memory { .. })
+        ));
+        set(&load, 1.0, 1000);
+        assert!(gate.check(0, &load, t0).is_ok());
+        assert_eq!(reads(&load), 3);
+
+        // Open: the reading is reused, even when the machine changed since.
+        set(&load, 9.0, 1000);
+        assert!(gate.check(0, &load, t0).is_ok());
+        assert_eq!(reads(&load), 3);
     }
 
     #[test]

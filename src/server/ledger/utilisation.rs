@@ -1,7 +1,8 @@
-//! Per-supervisor statistics per hour, LaterJob's worker metrics: the runs
-//! a supervisor reported and their executing time, the time its runs kept
-//! it busy, the capacity it offered while it was heard from (worker slots ×
-//! time), and its utilisation, busy time over capacity.
+//! How per-supervisor statistics per hour are counted, LaterJob's worker
+//! metrics: the runs a supervisor reported and their executing time, the
+//! time its runs kept it busy, the capacity it offered while it was heard
+//! from (worker slots × time); its utilisation, busy time over capacity, is
+//! read off the row ([`crate::server::records::WorkerStatsRow`]).
 //!
 //! Both capacity and busy time count from one sighting of a supervisor to
 //! the next when the two are no further apart than `--worker-gone-after`; a
