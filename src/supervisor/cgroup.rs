@@ -55,47 +55,26 @@ struct Base {
 }
 
 impl Base {
-    /// Opens `path`, a directory.
+    /// Opens `path`, a directory (close-on-exec, as `std` opens files).
     fn open(path: PathBuf) -> io::Result<Self> {
-        let dir = openat(
-            nix::fcntl::AT_FDCWD,
-            &path,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| {
-            io::Error::new(
-                io::Error::from(e).kind(),
-                format!("{}: {e}", path.display()),
-            )
-        })?;
+        let dir = fs::File::open(&path).map_err(|e| naming(&path, e))?;
         Ok(Base {
             path,
-            dir: Arc::new(dir),
+            dir: Arc::new(dir.into()),
         })
     }
 
     /// Makes the job directory `name` in it.
     fn make(&self, name: &str) -> io::Result<PathBuf> {
         let path = self.path.join(name);
-        mkdirat(&*self.dir, name, Mode::from_bits_truncate(0o755)).map_err(|e| {
-            io::Error::new(
-                io::Error::from(e).kind(),
-                format!("{}: {e}", path.display()),
-            )
-        })?;
+        mkdirat(&*self.dir, name, Mode::from_bits_truncate(0o755)).map_err(|e| naming(&path, e))?;
         Ok(path)
     }
 
     /// Writes `value` to the file `name/file` in it.
     fn write(&self, name: &str, file: &str, value: &str) -> io::Result<()> {
         let relative = format!("{name}/{file}");
-        let context = |e: io::Error| {
-            io::Error::new(
-                e.kind(),
-                format!("{}: {e}", self.path.join(&relative).display()),
-            )
-        };
+        let context = |e: io::Error| naming(&self.path.join(&relative), e);
         let fd = openat(
             &*self.dir,
             relative.as_str(),
@@ -166,8 +145,14 @@ fn own_path(controller: Option<&str>) -> Option<String> {
     })
 }
 
+/// `error`, its message led by the `path` it concerns.
+fn naming(path: &Path, error: impl Into<io::Error>) -> io::Error {
+    let error = error.into();
+    io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+}
+
 fn write(path: &Path, value: &str) -> io::Result<()> {
-    fs::write(path, value).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    fs::write(path, value).map_err(|e| naming(path, e))
 }
 
 impl Cgroups {

@@ -440,12 +440,17 @@ mod tests {
         }
     }
 
-    fn machine(load1: f64, mem: u64) -> Fixed {
-        Fixed(Mutex::new(LoadSample {
+    /// A reading without CPU pressure.
+    fn reading(load1: f64, available_memory: u64) -> LoadSample {
+        LoadSample {
             load1,
-            available_memory: mem,
+            available_memory,
             cpu_pressure: None,
-        }))
+        }
+    }
+
+    fn machine(load1: f64, mem: u64) -> Fixed {
+        Fixed(Mutex::new(reading(load1, mem)))
     }
 
     #[test]
@@ -507,156 +512,117 @@ mod tests {
         );
     }
 
-    /// Counts its readings; fails while `failing` is set.
+    /// A machine whose reading a test sets; it counts how often it is
+    /// read, and fails while `failing` is set.
     struct Counted {
+        now: Mutex<LoadSample>,
         reads: std::sync::atomic::AtomicUsize,
         failing: std::sync::atomic::AtomicBool,
     }
 
     impl LoadSource for Counted {
         fn sample(&self) -> std::io::Result<LoadSample> {
-            let n = self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(std::io::Error::other("unreadable"));
             }
-            Ok(LoadSample {
-                load1: n as f64,
-                available_memory: 1000,
-                cpu_pressure: None,
-            })
+            Ok(*self.now.lock().unwrap())
         }
     }
 
-    fn counted() -> Counted {
-        Counted {
-            reads: Default::default(),
-            failing: Default::default(),
+    /// `Counted` behind a `RecentLoad` that keeps readings for `fresh_for`.
+    fn reused(load1: f64, available_memory: u64, fresh_for: Duration) -> RecentLoad<Counted> {
+        RecentLoad::new(
+            Counted {
+                now: Mutex::new(reading(load1, available_memory)),
+                reads: Default::default(),
+                failing: Default::default(),
+            },
+            fresh_for,
+        )
+    }
+
+    impl RecentLoad<Counted> {
+        fn set(&self, load1: f64, available_memory: u64) {
+            *self.source.now.lock().unwrap() = reading(load1, available_memory);
+        }
+
+        fn set_failing(&self, failing: bool) {
+            self.source
+                .failing
+                .store(failing, std::sync::atomic::Ordering::SeqCst);
+        }
+
+        fn reads(&self) -> usize {
+            self.source.reads.load(std::sync::atomic::Ordering::SeqCst)
         }
     }
 
     #[test]
     fn a_recent_reading_is_reused_and_an_old_one_taken_again() {
-        let reused = RecentLoad::new(counted(), Duration::from_secs(3600));
-        let first = reused.sample().unwrap();
-        assert_eq!(reused.sample().unwrap(), first);
-        assert_eq!(
-            reused
-                .source
-                .reads
-                .load(std::sync::atomic::Ordering::SeqCst),
-            1
-        );
+        let load = reused(0.0, 1000, Duration::from_secs(3600));
+        let first = load.sample().unwrap();
+        load.set(1.0, 1000);
+        assert_eq!(load.sample().unwrap(), first);
+        assert_eq!(load.reads(), 1);
 
-        let never = RecentLoad::new(counted(), Duration::ZERO);
+        let never = reused(0.0, 1000, Duration::ZERO);
         assert_eq!(never.sample().unwrap().load1, 0.0);
+        never.set(1.0, 1000);
         assert_eq!(never.sample().unwrap().load1, 1.0);
-        assert_eq!(
-            never.source.reads.load(std::sync::atomic::Ordering::SeqCst),
-            2
-        );
+        assert_eq!(never.reads(), 2);
     }
 
     #[test]
     fn a_reading_serves_until_it_is_fresh_for_old_then_the_new_one_does() {
-        let reused = RecentLoad::new(counted(), Duration::from_millis(100));
+        let load = reused(0.0, 1000, Duration::from_millis(100));
         let t0 = Instant::now();
-        assert_eq!(reused.sample_at(t0).unwrap().load1, 0.0);
         let ms = Duration::from_millis;
-        assert_eq!(reused.sample_at(t0 + ms(99)).unwrap().load1, 0.0);
-        assert_eq!(reused.sample_at(t0 + ms(100)).unwrap().load1, 1.0);
-        assert_eq!(reused.sample_at(t0 + ms(150)).unwrap().load1, 1.0);
-        assert_eq!(reused.sample_at(t0 + ms(199)).unwrap().load1, 1.0);
-        assert_eq!(reused.sample_at(t0 + ms(200)).unwrap().load1, 2.0);
-        assert_eq!(
-            reused
-                .source
-                .reads
-                .load(std::sync::atomic::Ordering::SeqCst),
-            3
-        );
-    }
-
-    /// A machine whose reading a test sets, counting how often it is read.
-    struct Settable {
-        now: Mutex<LoadSample>,
-        reads: std::sync::atomic::AtomicUsize,
-    }
-
-    impl LoadSource for Settable {
-        fn sample(&self) -> std::io::Result<LoadSample> {
-            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(*self.now.lock().unwrap())
-        }
+        assert_eq!(load.sample_at(t0).unwrap().load1, 0.0);
+        load.set(1.0, 1000);
+        assert_eq!(load.sample_at(t0 + ms(99)).unwrap().load1, 0.0);
+        assert_eq!(load.sample_at(t0 + ms(100)).unwrap().load1, 1.0);
+        load.set(2.0, 1000);
+        assert_eq!(load.sample_at(t0 + ms(150)).unwrap().load1, 1.0);
+        assert_eq!(load.sample_at(t0 + ms(199)).unwrap().load1, 1.0);
+        assert_eq!(load.sample_at(t0 + ms(200)).unwrap().load1, 2.0);
+        assert_eq!(load.reads(), 3);
     }
 
     #[test]
     fn a_reading_that_closes_the_gate_is_not_reused_and_one_that_opens_it_is() {
-        let machine = |load1, available_memory| {
-            RecentLoad::new(
-                Settable {
-                    now: Mutex::new(LoadSample {
-                        load1,
-                        available_memory,
-                        cpu_pressure: None,
-                    }),
-                    reads: Default::default(),
-                },
-                Duration::from_secs(3600),
-            )
-        };
-        let reads = |load: &RecentLoad<Settable>| {
-            load.source.reads.load(std::sync::atomic::Ordering::SeqCst)
-        };
-        let set = |load: &RecentLoad<Settable>, load1, available_memory| {
-            *load.source.now.lock().unwrap() = LoadSample {
-                load1,
-                available_memory,
-                cpu_pressure: None,
-            };
-        };
         let t0 = Instant::now() + Duration::from_secs(30);
 
         // Closed by the load, then by memory: each next check reads again.
-        let load = machine(9.0, 1000);
+        let load = reused(9.0, 1000, Duration::from_secs(3600));
         let mut gate = Gate::new(limits());
         assert!(matches!(gate.check(0, &load, t0), Err(Closed::Load { .. })));
-        set(&load, 1.0, 99);
+        load.set(1.0, 99);
         assert!(matches!(
             gate.check(0, &load, t0),
             Err(Closed::Memory { .. })
         ));
-        set(&load, 1.0, 1000);
+        load.set(1.0, 1000);
         assert!(gate.check(0, &load, t0).is_ok());
-        assert_eq!(reads(&load), 3);
+        assert_eq!(load.reads(), 3);
 
         // Open: the reading is reused, even when the machine changed since.
-        set(&load, 9.0, 1000);
+        load.set(9.0, 1000);
         assert!(gate.check(0, &load, t0).is_ok());
-        assert_eq!(reads(&load), 3);
+        assert_eq!(load.reads(), 3);
     }
 
     #[test]
     fn a_failed_reading_is_not_reused() {
-        let reused = RecentLoad::new(counted(), Duration::from_secs(3600));
-        reused
-            .source
-            .failing
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        assert!(reused.sample().is_err());
-        assert!(reused.sample().is_err());
-        reused
-            .source
-            .failing
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(reused.sample().unwrap().load1, 2.0);
-        assert_eq!(reused.sample().unwrap().load1, 2.0);
-        assert_eq!(
-            reused
-                .source
-                .reads
-                .load(std::sync::atomic::Ordering::SeqCst),
-            3
-        );
+        let load = reused(2.0, 1000, Duration::from_secs(3600));
+        load.set_failing(true);
+        assert!(load.sample().is_err());
+        assert!(load.sample().is_err());
+        load.set_failing(false);
+        assert_eq!(load.sample().unwrap().load1, 2.0);
+        load.set(3.0, 1000);
+        assert_eq!(load.sample().unwrap().load1, 2.0);
+        assert_eq!(load.reads(), 3);
     }
 
     #[test]
