@@ -9,7 +9,6 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 
 use crate::common::*;
 
@@ -77,16 +76,9 @@ fn a_test_whose_supervisor_died_early_fails_at_once_instead_of_hanging() {
     // Our own child, not reaped yet: its pid is still ours to signal.
     sup.signal(Signal::SIGKILL);
     // Dead, not only rid of its lock: a killed process closes its files
-    // (and so drops the spool lock) before it becomes a zombie, and only a
-    // zombie is seen by a wait. Asked without reaping, which the check under
-    // test must do.
-    let pid = nix::unistd::Pid::from_raw(sup.pid() as i32);
+    // (and so drops the spool lock) before a wait sees it exited.
     poll("the killed supervisor to exit", || {
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
-        match waitid(Id::Pid(pid), flags).expect("wait on our own child") {
-            WaitStatus::StillAlive => None,
-            _ => Some(()),
-        }
+        sup.has_exited().then_some(())
     });
     let stderr = sup.stderr();
     let message = panic_of("a check on a dead supervisor", move || {

@@ -1084,6 +1084,17 @@ impl Supervisor {
         }
     }
 
+    /// Whether it has exited, as a wait sees it (a killed process closes
+    /// its files, and so drops its locks, before that), asked without
+    /// reaping it: [`Supervisor::assert_running`] or `kill9` still does.
+    pub fn has_exited(&self) -> bool {
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG;
+        let status = waitid(Id::Pid(pid), flags).expect("wait on our own child");
+        !matches!(status, WaitStatus::StillAlive)
+    }
+
     /// `kill -9` it and reap it.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
