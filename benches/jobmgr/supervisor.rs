@@ -311,7 +311,7 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // 2. End-to-end throughput against the raw spawn rate.
     out.push_str("\n## End-to-end throughput of no-op jobs, against the raw spawn rate\n\n");
     out.push_str(&format!(
-        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. {} runs each; median (min–max).\n\n",
+        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. {} runs each; median (min–max).\n\n",
         scale.throughput_jobs, scale.throughput_jobs, scale.repeats
     ));
     out.push_str(

@@ -7,7 +7,8 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::report_batch::{MAX_WAIT, ReportBatch, Sent, Turn};
+use super::report_batch::{MAX_WAIT, ReportBatch, Sent, Turn, answer_within};
+use super::riders::{RIDE_WAIT, Riders};
 use super::source::{
     JobSource, LeasedJob, Report, SourceError, hand_back_by_retry, read_handouts, refuse_unreadable,
 };
@@ -28,6 +29,8 @@ pub struct HttpSource {
     no_output_sizes: Arc<AtomicBool>,
     /// Reports sent together under load.
     batch: ReportBatch,
+    /// Reports that go with the next fetch.
+    riders: Riders,
 }
 
 /// Whether the server refused a request for carrying `field`, which an older
@@ -55,6 +58,7 @@ impl HttpSource {
             older_server: Arc::new(AtomicBool::new(false)),
             no_output_sizes: Arc::new(AtomicBool::new(false)),
             batch: ReportBatch::default(),
+            riders: Riders::default(),
         })
     }
 
@@ -209,14 +213,58 @@ impl HttpSource {
         lease: Duration,
         worker: Option<&WorkerInfo>,
     ) -> Result<Vec<LeasedJob>, SourceError> {
-        let body = json!({
+        let mut body = json!({
             "name": pattern,
             "numResults": count.max(1),
             "waitMs": wait.as_millis() as u64,
             "leaseMs": lease.as_millis() as u64,
         });
         let timeout = wait + Duration::from_secs(30);
-        let mut answer = match worker.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
+        let riders = self.riders.take();
+        let reports = riders.reports();
+        if let Some(reports) = &reports {
+            body["reports"] = reports.clone();
+        }
+        let mut sent = self.send_dequeue(&body, worker, timeout).await;
+        if reports.is_some() {
+            match &sent {
+                Ok(answer) => riders.answered(answer),
+                Err(error) => {
+                    let refused = refused_field(error, "reports");
+                    riders.failed(refused);
+                    if refused {
+                        tracing::info!(
+                            "the job server takes no reports with a fetch (it is older than this supervisor); each report goes by itself"
+                        );
+                    }
+                    // The fetch itself again, without them.
+                    if let Some(fields) = body.as_object_mut() {
+                        fields.remove("reports");
+                    }
+                    sent = self.send_dequeue(&body, worker, timeout).await;
+                }
+            }
+        }
+        let mut answer = sent.map_err(source_error)?;
+        let Value::Array(handouts) = answer["jobs"].take() else {
+            return Err(SourceError::Protocol(format!(
+                "dequeue answer without jobs: {answer}"
+            )));
+        };
+        let (jobs, unreadable) = read_handouts(handouts);
+        refuse_unreadable(self, unreadable).await;
+        Ok(jobs)
+    }
+
+    /// Sends a dequeue's `body`, saying which supervisor asks where the
+    /// server keeps a worker registry.
+    async fn send_dequeue(
+        &self,
+        body: &Value,
+        worker: Option<&WorkerInfo>,
+        timeout: Duration,
+    ) -> Result<Value, ClientError> {
+        match worker.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
             Some(worker) => {
                 let mut with_worker = body.clone();
                 with_worker["worker"] = json!(worker);
@@ -227,9 +275,11 @@ impl HttpSource {
                 {
                     Err(error) if refused_field(&error, "worker") => {
                         self.older_server.store(true, Ordering::Relaxed);
-                        tracing::warn!("the job server does not keep a worker registry (it is older than this supervisor); not identifying to it");
+                        tracing::warn!(
+                            "the job server does not keep a worker registry (it is older than this supervisor); not identifying to it"
+                        );
                         self.client
-                            .call(Method::POST, "/dequeue", Some(&body), timeout)
+                            .call(Method::POST, "/dequeue", Some(body), timeout)
                             .await
                     }
                     other => other,
@@ -237,19 +287,10 @@ impl HttpSource {
             }
             None => {
                 self.client
-                    .call(Method::POST, "/dequeue", Some(&body), timeout)
+                    .call(Method::POST, "/dequeue", Some(body), timeout)
                     .await
             }
         }
-        .map_err(source_error)?;
-        let Value::Array(handouts) = answer["jobs"].take() else {
-            return Err(SourceError::Protocol(format!(
-                "dequeue answer without jobs: {answer}"
-            )));
-        };
-        let (jobs, unreadable) = read_handouts(handouts);
-        refuse_unreadable(self, unreadable).await;
-        Ok(jobs)
     }
 }
 
@@ -347,6 +388,14 @@ impl JobSource for HttpSource {
         run: Option<&'a RunFacts>,
     ) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
+            // Offered to the next fetch (see `riders`): its answer, unless
+            // no fetch took it in time.
+            if let Some(answer) = self.riders.answer_of(id) {
+                let answered = answer_within(answer, RIDE_WAIT, || self.riders.leave(id)).await;
+                if let Some(Sent::Answered(sent)) = answered {
+                    return reported(id, sent);
+                }
+            }
             let plain = report_body(lease, report);
             // Under load, with the reports that come while one is on its
             // way (see `report_batch`); by itself otherwise.
@@ -358,15 +407,9 @@ impl JobSource for HttpSource {
                 }
                 match self.batch.turn(&self.client, id, report.kind(), body) {
                     Turn::Lead(lead) => _lead = Some(lead),
-                    Turn::Follow(mut answer) => {
-                        let waited = tokio::time::timeout(MAX_WAIT, &mut answer).await;
-                        let answered = match waited {
-                            Ok(answered) => answered.ok(),
-                            // Not yet taken into a batch: it goes alone.
-                            Err(_) if self.batch.leave(id) => None,
-                            // On its way in a batch: its answer comes.
-                            Err(_) => answer.await.ok(),
-                        };
+                    Turn::Follow(answer) => {
+                        let answered =
+                            answer_within(answer, MAX_WAIT, || self.batch.leave(id)).await;
                         if let Some(Sent::Answered(sent)) = answered {
                             return reported(id, sent);
                         }
@@ -376,6 +419,28 @@ impl JobSource for HttpSource {
             let sent = self.report_alone(id, report.kind(), plain, run).await;
             reported(id, sent)
         })
+    }
+
+    fn offer_report(
+        &self,
+        id: JobId,
+        lease: Option<&str>,
+        report: &Report,
+        run: Option<&RunFacts>,
+    ) {
+        let mut body = report_body(lease, report);
+        if let Some(run) = self.run_facts(run) {
+            body.insert("run".into(), json!(run));
+        }
+        self.riders.offer(id, report.kind(), body);
+    }
+
+    fn withdraw_offers(&self) {
+        self.riders.withdraw();
+    }
+
+    fn stop_offers(&self) {
+        self.riders.stop();
     }
 
     /// `POST /jobs/{id}/handback` under the job's lease; a server without
@@ -492,5 +557,81 @@ mod tests {
         };
         assert!(refused_field(&sizes, "stdoutBytes"));
         assert!(!refused_field(&sizes, "run"));
+    }
+
+    /// A server older than reports on a fetch: `/dequeue` refuses the
+    /// field as unknown; every request is written down.
+    async fn older_server() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let on_dequeue = Arc::clone(&seen);
+        let on_finish = Arc::clone(&seen);
+        let router = axum::Router::new()
+            .route(
+                "/dequeue",
+                axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                    let seen = Arc::clone(&on_dequeue);
+                    async move {
+                        let mut seen = seen.lock().unwrap();
+                        if body.get("reports").is_some() {
+                            seen.push("dequeue with reports".to_string());
+                            (
+                                axum::http::StatusCode::BAD_REQUEST,
+                                axum::Json(json!({"code": "invalid_request",
+                                    "message": "request body is not valid: unknown field `reports`, expected one of `name`, `worker`"})),
+                            )
+                        } else {
+                            seen.push("dequeue".to_string());
+                            (axum::http::StatusCode::OK, axum::Json(json!({"jobs": []})))
+                        }
+                    }
+                }),
+            )
+            .route(
+                "/jobs/{id}/finish",
+                axum::routing::post(move |axum::extract::Path(id): axum::extract::Path<String>| {
+                    let seen = Arc::clone(&on_finish);
+                    async move {
+                        seen.lock().unwrap().push(format!("finish {id}"));
+                        axum::Json(json!({}))
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (format!("http://{addr}"), seen)
+    }
+
+    #[tokio::test]
+    async fn reports_an_older_server_refuses_on_a_fetch_go_by_themselves_and_ride_no_more() {
+        let (url, seen) = older_server().await;
+        let source = HttpSource::new(&url, None).unwrap();
+        let finish = Report::Finish { data: None };
+        let fetch = || source.get_jobs("Old/*", 1, Duration::ZERO, Duration::from_secs(60));
+        source.offer_report(1, Some("lease-1"), &finish, None);
+        assert!(
+            fetch().await.unwrap().is_empty(),
+            "the fetch itself was sent again"
+        );
+        source
+            .report_run(1, Some("lease-1"), &finish, None)
+            .await
+            .unwrap();
+        source.offer_report(2, Some("lease-2"), &finish, None);
+        fetch().await.unwrap();
+        source
+            .report_run(2, Some("lease-2"), &finish, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                "dequeue with reports",
+                "dequeue",
+                "finish 1",
+                "dequeue",
+                "finish 2"
+            ]
+        );
     }
 }

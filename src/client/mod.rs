@@ -7,6 +7,7 @@ mod http;
 mod http_source;
 mod local;
 mod report_batch;
+mod riders;
 mod servers;
 mod source;
 

@@ -274,6 +274,22 @@ fn take_batch(waiting: &mut Vec<Waiting>) -> Vec<Waiting> {
     waiting.drain(..count).collect()
 }
 
+/// The answer of a report waiting to go with others: the one that comes
+/// within `wait`; none if `leave` then finds the report still waiting (it
+/// goes by itself); once it is on its way, whenever its request is
+/// answered.
+pub async fn answer_within(
+    mut answer: oneshot::Receiver<Sent>,
+    wait: std::time::Duration,
+    leave: impl FnOnce() -> bool,
+) -> Option<Sent> {
+    match tokio::time::timeout(wait, &mut answer).await {
+        Ok(answered) => answered.ok(),
+        Err(_) if leave() => None,
+        Err(_) => answer.await.ok(),
+    }
+}
+
 /// Tells each report to go by itself.
 fn alone(batch: Vec<Waiting>) {
     for waiting in batch {
@@ -283,7 +299,7 @@ fn alone(batch: Vec<Waiting>) {
 
 /// A report's result in the batch's answer: `{"jobID": N}`, or with an
 /// `error` as its own endpoint would have answered.
-fn read_result(result: Option<&Value>, id: JobId) -> Result<Value, ClientError> {
+pub fn read_result(result: Option<&Value>, id: JobId) -> Result<Value, ClientError> {
     let unreadable = || ClientError::Transport {
         url: "/reports".into(),
         detail: format!("the answer has no result for job {id}"),

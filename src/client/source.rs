@@ -342,6 +342,28 @@ pub trait JobSource: Send + Sync {
         self.report(id, lease, report)
     }
 
+    /// Offers, before the job's slot is freed, the report that
+    /// [`JobSource::report_run`] will then be asked to send, so that it may
+    /// go with the next fetch. Sources that cannot carry reports on a
+    /// fetch ignore it.
+    fn offer_report(
+        &self,
+        id: JobId,
+        lease: Option<&str>,
+        report: &Report,
+        run: Option<&RunFacts>,
+    ) {
+        let _ = (id, lease, report, run);
+    }
+
+    /// No fetch follows for now (the gate closed, the supervisor drains):
+    /// reports offered by [`JobSource::offer_report`] go by themselves.
+    fn withdraw_offers(&self) {}
+
+    /// No fetch follows ever again (the supervisor drains): offered
+    /// reports go by themselves, and reports are no longer taken.
+    fn stop_offers(&self) {}
+
     /// Hands back, under its lease, a job this supervisor never started (it
     /// arrived after the supervisor stopped taking jobs): the server puts it
     /// back exactly as it was before the hand-out, counting no attempt. A

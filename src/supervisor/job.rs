@@ -98,6 +98,16 @@ impl JobTask {
                 (report::decide_not_run(&why, facts, &retry), None)
             }
         };
+        // Offered to the fetch that the freed slot brings (before the slot
+        // is freed, so that the fetch finds it).
+        if let Some(report) = &decision.report {
+            self.shared.source.offer_report(
+                self.job.id,
+                self.job.lease.as_deref(),
+                report,
+                run.as_ref(),
+            );
+        }
         // Nothing of the worker is left: the next job may start while this
         // one's report is on its way.
         drop(self.slot.take());

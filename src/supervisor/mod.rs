@@ -560,6 +560,12 @@ impl Supervisor {
                     slots
                 }
                 Err(closed) => {
+                    // No fetch until the machine allows: the reports of
+                    // jobs that just ended go by themselves. (A full pool
+                    // fetches as soon as a slot frees, with them.)
+                    if !matches!(closed, gate::Closed::Full { .. }) {
+                        self.source.withdraw_offers();
+                    }
                     if last_closed != Some(closed.name()) {
                         // Full and ramping are the gate working as meant; the
                         // machine's state is news.
@@ -694,6 +700,7 @@ impl Supervisor {
         // Drain: no more fetching. Let running jobs end, up to the drain
         // timeout (a second drain request cuts it short), then stop the rest
         // and hand their jobs back.
+        self.source.stop_offers();
         let drain_timeout = self.settings().drain_timeout;
         tracing::info!(running = worker_slots.taken(), unreported = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
         board.gate("draining", gate.last_sample().map(|s| s.load1));

@@ -1,7 +1,9 @@
 //! `POST /reports`: several reports in one request, each as its own
 //! endpoint takes it, refused whole when one cannot be read (nothing
 //! changes), answered report by report otherwise; and a supervisor under
-//! load sending its reports that way.
+//! load sending its reports that way. `POST /dequeue` with `reports`: the
+//! same, applied before the claim, and a supervisor that takes one job at a
+//! time sending each report with its next fetch.
 
 use serde_json::{Value, json};
 
@@ -173,8 +175,12 @@ fn a_batch_with_a_report_it_cannot_read_is_refused_whole_and_changes_nothing() {
     assert_eq!(api.state(id(&jobs[0])).as_deref(), Some("RUNNING"));
 }
 
-#[test]
-fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
+/// Runs `count` jobs of a quick worker (each repeating an hour after it
+/// finished) through a supervisor with `max_workers`, and checks that each
+/// ran once and was finished (back in the queue with its worker's data).
+/// Then: the server's count of `POST` requests to each route, and the
+/// metrics text.
+fn quick_jobs_through(max_workers: usize, count: usize) -> (impl Fn(&str) -> f64, String) {
     let server = Server::builder()
         .arg("--metrics")
         .arg("127.0.0.1:0")
@@ -183,15 +189,12 @@ fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
     let sup = Supervisor::builder(&server.url)
         .worker("Quick", &sh("cat > /dev/null; echo '{\"ran\": true}'"))
         .arg("--max-workers")
-        .arg("8")
+        .arg(&max_workers.to_string())
         .start();
-    let count = 200;
     let jobs: Vec<Value> = (0..count)
         .map(|_| json!({"name": "Quick", "repeat": "FINISHED, +1 HOUR"}))
         .collect();
     let ids = api.create_batch(jobs);
-    // Every job ran once and was finished (back in the queue for its next
-    // hour, with the data its worker gave).
     wait_for("every job to be finished once", &sup, || {
         ids.iter()
             .all(|id| {
@@ -204,9 +207,10 @@ fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
         assert_eq!(api.outcomes(*id), vec!["finished"], "job {id}");
     }
     let text = scrape(&server.metrics);
-    let route = |route: &str| {
+    let counted = text.clone();
+    let route = move |route: &str| {
         sample(
-            &text,
+            &counted,
             "jobmgr_server_requests_total",
             &[
                 "api=\"http\"",
@@ -216,6 +220,13 @@ fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
         )
         .unwrap_or(0.0)
     };
+    (route, text)
+}
+
+#[test]
+fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
+    let count = 200;
+    let (route, text) = quick_jobs_through(8, count);
     assert!(
         route("/reports") >= 1.0,
         "some reports went together: {text}"
@@ -223,5 +234,130 @@ fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
     assert!(
         route("/jobs/{id}/finish") + route("/reports") < count as f64,
         "fewer requests than reports: {text}"
+    );
+}
+
+#[test]
+fn a_dequeue_carrying_reports_applies_them_before_its_claim_and_answers_at_once() {
+    let server = Server::start();
+    let api = server.api();
+    let parent = api.create(json!({"name": "Ride/parent"}));
+    let child = api.create(json!({"name": "Ride/child", "depends": [parent]}));
+    let held = api.dequeue(json!({"name": "Ride/parent", "leaseMs": 60_000}));
+    assert_eq!(held.len(), 1, "{held:?}");
+    // The child is due only once its parent finished: the same request
+    // finishes the parent and hands the child out.
+    let (status, answer) = api.post(
+        "/dequeue",
+        json!({"name": "Ride/child", "leaseMs": 60_000, "waitMs": 3_600_000,
+               "reports": [{"jobID": parent, "outcome": "finish", "lease": held[0]["lease"]}]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["results"], json!([{"jobID": parent}]), "{answer}");
+    let jobs = answer["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 1, "{answer}");
+    assert_eq!(jobs[0]["jobID"], child, "{answer}");
+    assert_eq!(api.state(parent), None, "finished");
+    // Nothing due, and a wait of an hour: a dequeue with reports answers
+    // at once. A report refused under its lease is answered as its own
+    // endpoint would, and the rest of the request goes on.
+    let later = api.create(json!({"name": "Ride/later", "firstRun": "2999-01-01 00:00:00"}));
+    let (status, answer) = api.post(
+        "/dequeue",
+        json!({"name": "Ride/*", "waitMs": 3_600_000, "reports": [
+            {"jobID": child, "outcome": "fail", "lease": "not-its-lease"},
+            {"jobID": child + 1000, "outcome": "finish"},
+        ]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["jobs"], json!([]), "{answer}");
+    let results = answer["results"].as_array().expect("results");
+    assert_eq!(results[0]["error"]["code"], "lease_lost", "{answer}");
+    assert_eq!(results[1]["error"]["status"], 404, "{answer}");
+    assert_eq!(api.state(child).as_deref(), Some("RUNNING"));
+    let (status, answer) = api.post(
+        "/dequeue",
+        json!({"name": "Ride/*", "reports": [
+            {"jobID": child, "outcome": "fail", "lease": jobs[0]["lease"]},
+        ]}),
+    );
+    assert_eq!(
+        (status, &answer["results"]),
+        (200, &json!([{"jobID": child}]))
+    );
+    assert_eq!(api.state(child).as_deref(), Some("FAILED"));
+    assert_eq!(api.state(later).as_deref(), Some("QUEUED"));
+    // A dequeue without reports answers as it always did.
+    let (status, answer) = api.post("/dequeue", json!({"name": "Ride/*"}));
+    assert_eq!((status, answer), (200, json!({"jobs": []})));
+}
+
+#[test]
+fn a_dequeue_with_a_report_it_cannot_read_is_refused_whole_and_claims_nothing() {
+    let server = Server::start();
+    let api = server.api();
+    let jobs = three_running(&api);
+    let waiting = api.create(json!({"name": "Batch/waiting"}));
+    let good = json!({"jobID": id(&jobs[0]), "outcome": "finish", "lease": jobs[0]["lease"]});
+    let too_many: Vec<Value> = (1..=257)
+        .map(|n| json!({"jobID": n, "outcome": "finish"}))
+        .collect();
+    for (reports, says) in [
+        (json!(too_many), "at most 256"),
+        (json!([good, good]), "twice"),
+        (
+            json!([good, {"jobID": id(&jobs[1]), "outcome": "done"}]),
+            "reports[1]",
+        ),
+        (
+            json!([good, {"jobID": id(&jobs[1]), "outcome": "finish", "colour": 1}]),
+            "unknown field",
+        ),
+        (json!([good, {"outcome": "fail"}]), "jobID is missing"),
+        (
+            json!([good, {"jobID": id(&jobs[1]), "outcome": "retry", "delay": 100_000_000}]),
+            "more than 99999999 seconds",
+        ),
+        (json!([good, 7]), "invalid type"),
+        (good.clone(), "invalid type"),
+        (json!(null), "leave an optional field out"),
+    ] {
+        let body = json!({"name": "Batch/*", "leaseMs": 60_000, "reports": reports});
+        let answer = api.post("/dequeue", body.clone());
+        assert_eq!(answer.0, 400, "{body} → {}", answer.1);
+        let message = answer.1["message"].as_str().unwrap_or("");
+        assert!(message.contains(says), "{body} → {message}");
+    }
+    // A bad dequeue refuses its reports too.
+    let answer = api.post(
+        "/dequeue",
+        json!({"name": "Batch/*", "leaseMs": 1, "reports": [good]}),
+    );
+    assert_eq!(answer.0, 400, "{}", answer.1);
+    // Nothing was reported, and nothing claimed.
+    for job in &jobs {
+        assert_eq!(api.state(id(job)).as_deref(), Some("RUNNING"));
+    }
+    assert_eq!(api.state(waiting).as_deref(), Some("QUEUED"));
+    assert_error(
+        server
+            .api()
+            .without_token()
+            .post("/dequeue", json!({"name": "Batch/*", "reports": [good]})),
+        401,
+        "unauthorized",
+    );
+    assert_eq!(api.state(id(&jobs[0])).as_deref(), Some("RUNNING"));
+    assert_eq!(api.state(waiting).as_deref(), Some("QUEUED"));
+}
+
+#[test]
+fn a_supervisor_taking_one_job_at_a_time_sends_reports_with_its_fetches_and_loses_none() {
+    let count = 12;
+    let (route, text) = quick_jobs_through(1, count);
+    let alone = route("/jobs/{id}/finish") + route("/reports");
+    assert!(
+        alone < count as f64,
+        "some reports went with a fetch ({alone} of {count} by themselves): {text}"
     );
 }

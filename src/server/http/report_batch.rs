@@ -35,6 +35,9 @@ pub struct ReportsRequest {
 }
 
 /// One report, read and checked.
+pub struct ReadReport(Outcome);
+
+/// What a report says.
 enum Outcome {
     Finish(FinishJob),
     Retry(RetryJob),
@@ -99,34 +102,36 @@ fn read(index: usize, mut report: Map<String, Value>) -> Result<(JobId, Outcome)
     Ok((id, outcome))
 }
 
-/// `POST /reports`.
-pub async fn reports(
-    State(queue): State<Queue>,
-    BatchBody(req): BatchBody<ReportsRequest>,
-) -> Result<Json<Value>, ApiError> {
-    if req.reports.is_empty() {
-        return Err(ApiError::bad_request("reports is empty: send at least one"));
-    }
-    if req.reports.len() > MAX_BATCH_REPORTS {
+/// Reads the reports of a batch, or of a dequeue that carries them: each as
+/// its own endpoint would, at most [`MAX_BATCH_REPORTS`], one per job; the
+/// first that cannot be read refuses them all.
+pub fn read_all(reports: Vec<Map<String, Value>>) -> Result<Vec<(JobId, ReadReport)>, ApiError> {
+    if reports.len() > MAX_BATCH_REPORTS {
         return Err(ApiError::bad_request(format!(
             "{} reports in one batch; send at most {MAX_BATCH_REPORTS}",
-            req.reports.len()
+            reports.len()
         )));
     }
     let mut seen = HashSet::new();
-    let mut read_all = Vec::with_capacity(req.reports.len());
-    for (index, report) in req.reports.into_iter().enumerate() {
+    let mut read_all = Vec::with_capacity(reports.len());
+    for (index, report) in reports.into_iter().enumerate() {
         let (id, outcome) = read(index, report)?;
         if !seen.insert(id) {
             return Err(ApiError::bad_request(format!(
                 "reports[{index}]: job {id} is reported twice in one batch; send one report per job"
             )));
         }
-        read_all.push((id, outcome));
+        read_all.push((id, ReadReport(outcome)));
     }
-    // Each report its own write, all submitted before any is awaited: the
-    // store commits them together.
-    let writes = read_all.into_iter().map(|(id, outcome)| {
+    Ok(read_all)
+}
+
+/// Applies reports read by [`read_all`], each its own write, all submitted
+/// before any is awaited (the store commits them together): each one's
+/// result, in order, `{"jobID": N}` or with the `error` its own endpoint
+/// would have answered.
+pub async fn apply(queue: &Queue, reports: Vec<(JobId, ReadReport)>) -> Vec<Value> {
+    let writes = reports.into_iter().map(|(id, ReadReport(outcome))| {
         let queue = queue.clone();
         async move {
             let done = match outcome {
@@ -147,6 +152,18 @@ pub async fn reports(
             }
         }
     });
-    let results = futures_util::future::join_all(writes).await;
+    futures_util::future::join_all(writes).await
+}
+
+/// `POST /reports`.
+pub async fn reports(
+    State(queue): State<Queue>,
+    BatchBody(req): BatchBody<ReportsRequest>,
+) -> Result<Json<Value>, ApiError> {
+    if req.reports.is_empty() {
+        return Err(ApiError::bad_request("reports is empty: send at least one"));
+    }
+    let read = read_all(req.reports)?;
+    let results = apply(&queue, read).await;
     Ok(Json(json!({ "results": results })))
 }

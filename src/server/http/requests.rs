@@ -201,9 +201,18 @@ pub struct DequeueRequest {
     priority: Option<i64>,
     #[serde(default, deserialize_with = "given")]
     worker: Option<WorkerInfo>,
+    /// Reports of jobs that ended, as `POST /reports` takes them, applied
+    /// before the claim.
+    #[serde(default, deserialize_with = "given")]
+    reports: Option<Vec<serde_json::Map<String, Value>>>,
 }
 
 impl DequeueRequest {
+    /// Takes the reports the request carries (none if it carries none).
+    pub fn take_reports(&mut self) -> Vec<serde_json::Map<String, Value>> {
+        self.reports.take().unwrap_or_default()
+    }
+
     /// The checked command and how long to wait.
     pub fn into_command(
         self,

@@ -8,6 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::body::{BatchBody, Body, Params};
 use super::error::ApiError;
+use super::report_batch;
 use super::requests::{
     ChangeDependsRequest, CreateJobRequest, CreateJobsRequest, DequeueRequest, EmptyRequest,
     FailJobRequest, FinishJobRequest, HeartbeatRequest, ListParams, RequeueRequest,
@@ -315,15 +316,36 @@ pub async fn requeue(State(queue): State<Queue>, Body(req): Body<RequeueRequest>
     Ok(Json(json!({"requeued": count})))
 }
 
-/// `POST /dequeue`: GetJobs with a lease, optionally waiting.
-pub async fn dequeue(State(queue): State<Queue>, Body(req): Body<DequeueRequest>) -> Answer {
+/// `POST /dequeue`: GetJobs with a lease, optionally waiting. A dequeue may
+/// carry the reports of jobs that ended (as `POST /reports` takes them):
+/// they are applied before the claim, in the same commits, and their
+/// results come back beside the jobs; such a dequeue does not wait, so that
+/// the reports are answered at once.
+pub async fn dequeue(State(queue): State<Queue>, Body(mut req): Body<DequeueRequest>) -> Answer {
+    let reports = report_batch::read_all(req.take_reports())?;
     let (cmd, wait) = req.into_command(queue.config().default_lease_ms)?;
-    let handouts = queue.get_jobs(cmd, wait).await?;
+    let mut out = Map::new();
+    let handouts = if reports.is_empty() {
+        queue.get_jobs(cmd, wait).await?
+    } else {
+        // The reports are submitted first, so that the claim sees them.
+        let (results, handouts) = tokio::join!(
+            report_batch::apply(&queue, reports),
+            queue.get_jobs(cmd, None)
+        );
+        out.insert("results".into(), Value::Array(results));
+        // The reports' results are the answer's news: a claim that failed
+        // (the store, a shutdown) hands out nothing, and the next dequeue,
+        // which carries none, hears why.
+        handouts.unwrap_or_else(|error| {
+            tracing::debug!(%error, "the claim of a dequeue that carried reports failed");
+            Vec::new()
+        })
+    };
     let jobs: Vec<Value> = handouts
         .iter()
         .map(|h| Value::Object(h.leased_json()))
         .collect();
-    let mut out = Map::new();
     out.insert("jobs".into(), Value::Array(jobs));
     Ok(Json(Value::Object(out)))
 }

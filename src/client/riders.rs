@@ -1,0 +1,354 @@
+//! Reports that ride on the next fetch: a job that ends frees its slot, and
+//! the supervisor's next fetch follows at once; its report, offered before
+//! the slot is freed, goes in that fetch's request (`POST /dequeue` with
+//! `reports`), so that the server takes the report and the claim in one
+//! request and one commit instead of two of each.
+//!
+//! A report rides only when no fetch is on its way (one already sent
+//! cannot take it) and while it is small. It goes the usual way instead
+//! (by itself, or batched under load: `report_batch`) when the supervisor
+//! will not fetch (its gate closed, it drains: it withdraws the offers),
+//! when no fetch took it within [`RIDE_WAIT`], and when its fetch failed or
+//! was refused; a report is never dropped. After a server refused the field
+//! (it is older than this supervisor), reports no longer ride.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
+
+use super::ClientError;
+use super::report_batch::{Sent, read_result};
+use crate::protocol::JobId;
+
+/// The longest an offered report waits for a fetch to take it (a fetch
+/// follows a freed slot within a fraction of a millisecond; this bounds
+/// the wait where none comes and none withdrew it).
+pub const RIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The largest report that rides, in bytes of JSON (a dequeue's body is
+/// at most 2 MiB).
+const MAX_RIDER_BYTES: usize = 64 * 1024;
+
+/// The most reports one fetch takes.
+const MAX_RIDERS: usize = 64;
+
+/// The most offered reports whose answer was not yet asked for (each offer
+/// is followed by its report at once; this only bounds a mistake).
+const MAX_OFFERED: usize = 1024;
+
+/// A report waiting for a fetch.
+struct Rider {
+    id: JobId,
+    body: Map<String, Value>,
+    answer: oneshot::Sender<Sent>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Fetches on their way.
+    fetching: usize,
+    waiting: Vec<Rider>,
+    /// Answers of reports offered, kept until their report asks for them.
+    offered: Vec<(JobId, oneshot::Receiver<Sent>)>,
+}
+
+/// The riders of one client.
+#[derive(Default, Clone)]
+pub struct Riders {
+    state: Arc<Mutex<State>>,
+    /// Set once the server refused reports on a dequeue.
+    off: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Riders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Riders")
+            .field("off", &self.off.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The reports a fetch carries; dropping it ends the fetch's turn.
+pub struct Taken {
+    riders: Riders,
+    carried: Vec<Rider>,
+}
+
+impl Riders {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Offers job `id`'s report (its body as `POST /reports` takes it) to
+    /// the next fetch. Not taken when reports do not ride here, a fetch is
+    /// on its way, or the report is large.
+    pub fn offer(&self, id: JobId, outcome: &str, mut body: Map<String, Value>) {
+        if self.off.load(Ordering::Relaxed) {
+            return;
+        }
+        body.insert("jobID".into(), json!(id));
+        body.insert("outcome".into(), json!(outcome));
+        let size = serde_json::to_string(&body).map_or(usize::MAX, |text| text.len());
+        let mut state = self.lock();
+        if state.fetching > 0
+            || size > MAX_RIDER_BYTES
+            || state.waiting.len() >= MAX_RIDERS
+            || state.offered.len() >= MAX_OFFERED
+        {
+            return;
+        }
+        let (answer, answered) = oneshot::channel();
+        state.waiting.push(Rider { id, body, answer });
+        state.offered.push((id, answered));
+    }
+
+    /// The answer of job `id`'s offered report, if it was offered.
+    pub fn answer_of(&self, id: JobId) -> Option<oneshot::Receiver<Sent>> {
+        let mut state = self.lock();
+        let index = state
+            .offered
+            .iter()
+            .position(|(offered, _)| *offered == id)?;
+        Some(state.offered.swap_remove(index).1)
+    }
+
+    /// Takes job `id`'s report back if no fetch took it yet; `true` if it
+    /// was still waiting.
+    pub fn leave(&self, id: JobId) -> bool {
+        let mut state = self.lock();
+        match state.waiting.iter().position(|rider| rider.id == id) {
+            Some(index) => {
+                state.waiting.remove(index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// No fetch is coming for now (the gate closed, the supervisor
+    /// drains): the waiting reports go the usual way at once.
+    pub fn withdraw(&self) {
+        let withdrawn = std::mem::take(&mut self.lock().waiting);
+        for rider in withdrawn {
+            let _ = rider.answer.send(Sent::Alone);
+        }
+    }
+
+    /// No fetch follows ever again: offered reports go the usual way, and
+    /// none is taken any more.
+    pub fn stop(&self) {
+        self.off.store(true, Ordering::Relaxed);
+        self.withdraw();
+    }
+
+    /// A fetch about to be sent takes the waiting reports; until the
+    /// returned turn is dropped, no report is offered to a later fetch.
+    pub fn take(&self) -> Taken {
+        let mut state = self.lock();
+        state.fetching += 1;
+        let carried = if self.off.load(Ordering::Relaxed) {
+            Vec::new()
+        } else {
+            std::mem::take(&mut state.waiting)
+        };
+        Taken {
+            riders: self.clone(),
+            carried,
+        }
+    }
+}
+
+impl Taken {
+    /// The reports to put in the request, or `None` if none rides.
+    pub fn reports(&self) -> Option<Value> {
+        if self.carried.is_empty() {
+            return None;
+        }
+        Some(Value::Array(
+            self.carried
+                .iter()
+                .map(|rider| Value::Object(rider.body.clone()))
+                .collect(),
+        ))
+    }
+
+    /// Tells each report what the server answered: its own result in the
+    /// answer's `results`, or for a result of the store's own (a 5xx) to go
+    /// alone.
+    pub fn answered(mut self, answer: &Value) {
+        let results = answer
+            .get("results")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for (index, rider) in std::mem::take(&mut self.carried).into_iter().enumerate() {
+            let sent = match read_result(results.get(index), rider.id) {
+                Err(ClientError::Api { status, .. }) if status >= 500 => Sent::Alone,
+                result => Sent::Answered(result),
+            };
+            let _ = rider.answer.send(sent);
+        }
+    }
+
+    /// The fetch failed or was refused: each report goes the usual way.
+    /// With `refused_field`, the server does not know reports on a dequeue,
+    /// and they no longer ride.
+    pub fn failed(mut self, refused_field: bool) {
+        if refused_field {
+            self.riders.off.store(true, Ordering::Relaxed);
+        }
+        for rider in std::mem::take(&mut self.carried) {
+            let _ = rider.answer.send(Sent::Alone);
+        }
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        // Not answered (the fetch was dropped before its answer): each goes
+        // the usual way.
+        for rider in std::mem::take(&mut self.carried) {
+            let _ = rider.answer.send(Sent::Alone);
+        }
+        let mut state = self.riders.lock();
+        state.fetching = state.fetching.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body() -> Map<String, Value> {
+        let mut body = Map::new();
+        body.insert("lease".into(), json!("L"));
+        body
+    }
+
+    fn heard(riders: &Riders, id: JobId) -> Sent {
+        riders
+            .answer_of(id)
+            .expect("offered")
+            .try_recv()
+            .expect("answered")
+    }
+
+    #[test]
+    fn an_offered_report_goes_with_the_next_fetch_and_hears_its_own_result() {
+        let riders = Riders::default();
+        riders.offer(1, "finish", body());
+        riders.offer(2, "fail", body());
+        let taken = riders.take();
+        let reports = taken.reports().expect("two ride");
+        assert_eq!(
+            reports,
+            json!([
+                {"lease": "L", "jobID": 1, "outcome": "finish"},
+                {"lease": "L", "jobID": 2, "outcome": "fail"},
+            ])
+        );
+        taken.answered(&json!({"jobs": [], "results": [
+            {"jobID": 1},
+            {"jobID": 2, "error": {"status": 409, "code": "lease_lost", "message": "gone"}},
+        ]}));
+        assert!(matches!(heard(&riders, 1), Sent::Answered(Ok(_))));
+        assert!(matches!(
+            heard(&riders, 2),
+            Sent::Answered(Err(ClientError::Api { status: 409, .. }))
+        ));
+        // Taken by that fetch: nothing waits for the next one.
+        assert!(riders.take().reports().is_none());
+        assert!(riders.answer_of(1).is_none(), "asked for once");
+    }
+
+    #[test]
+    fn a_store_error_or_a_missing_result_is_not_taken_as_an_answer() {
+        let riders = Riders::default();
+        for id in 1..=3 {
+            riders.offer(id, "finish", body());
+        }
+        riders.take().answered(&json!({"jobs": [], "results": [
+            {"jobID": 1, "error": {"status": 503, "code": "store_unavailable", "message": "full"}},
+            {"jobID": 7},
+        ]}));
+        assert!(
+            matches!(heard(&riders, 1), Sent::Alone),
+            "may go to another server"
+        );
+        for id in [2, 3] {
+            assert!(
+                matches!(
+                    heard(&riders, id),
+                    Sent::Answered(Err(ClientError::Transport { .. }))
+                ),
+                "job {id}: an answer that names another job, or none, is no answer"
+            );
+        }
+    }
+
+    #[test]
+    fn no_report_rides_on_a_fetch_already_on_its_way_nor_a_large_one() {
+        let riders = Riders::default();
+        let on_its_way = riders.take();
+        riders.offer(1, "finish", body());
+        assert!(riders.answer_of(1).is_none(), "a sent fetch cannot take it");
+        drop(on_its_way);
+        let mut large = body();
+        large.insert("data".into(), json!({"blob": "x".repeat(MAX_RIDER_BYTES)}));
+        riders.offer(2, "finish", large);
+        assert!(riders.answer_of(2).is_none(), "too large to ride");
+        riders.offer(3, "finish", body());
+        assert_eq!(
+            riders.take().reports().map(|r| r[0]["jobID"].clone()),
+            Some(json!(3))
+        );
+    }
+
+    #[test]
+    fn riders_of_a_withdrawn_failed_or_dropped_fetch_go_by_themselves() {
+        let riders = Riders::default();
+        riders.offer(1, "finish", body());
+        riders.withdraw();
+        assert!(matches!(heard(&riders, 1), Sent::Alone), "withdrawn");
+        assert!(riders.take().reports().is_none(), "and no longer waiting");
+
+        riders.offer(2, "finish", body());
+        drop(riders.take());
+        assert!(
+            matches!(heard(&riders, 2), Sent::Alone),
+            "fetch dropped unanswered"
+        );
+
+        riders.offer(3, "finish", body());
+        riders.take().failed(false);
+        assert!(matches!(heard(&riders, 3), Sent::Alone), "fetch failed");
+        riders.offer(4, "finish", body());
+        assert!(riders.answer_of(4).is_some(), "reports still ride");
+        assert!(riders.leave(4), "left before any fetch took it");
+        assert!(!riders.leave(4));
+        assert!(riders.take().reports().is_none());
+    }
+
+    #[test]
+    fn after_a_refusal_of_the_field_or_a_stop_reports_no_longer_ride() {
+        for refused in [true, false] {
+            let riders = Riders::default();
+            riders.offer(1, "finish", body());
+            if refused {
+                riders.take().failed(true);
+            } else {
+                riders.stop();
+            }
+            assert!(matches!(heard(&riders, 1), Sent::Alone));
+            riders.offer(2, "finish", body());
+            assert!(
+                riders.answer_of(2).is_none(),
+                "refused {refused}: not offered"
+            );
+            assert!(riders.take().reports().is_none());
+        }
+    }
+}
