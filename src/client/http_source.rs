@@ -219,9 +219,14 @@ impl HttpSource {
             "waitMs": wait.as_millis() as u64,
             "leaseMs": lease.as_millis() as u64,
         });
-        let timeout = wait + Duration::from_secs(30);
-        let riders = self.riders.take();
+        let mut riders = self.riders.take();
         let reports = riders.reports();
+        // A dequeue with reports does not wait: its answer comes as soon as
+        // any other request's would.
+        let timeout = match &reports {
+            Some(_) => Duration::from_secs(60),
+            None => wait + Duration::from_secs(30),
+        };
         if let Some(reports) = &reports {
             body["reports"] = reports.clone();
         }
@@ -229,22 +234,25 @@ impl HttpSource {
         if reports.is_some() {
             match &sent {
                 Ok(answer) => riders.answered(answer),
-                Err(error) => {
-                    let refused = refused_field(error, "reports");
-                    riders.failed(refused);
-                    if refused {
-                        tracing::info!(
-                            "the job server takes no reports with a fetch (it is older than this supervisor); each report goes by itself"
-                        );
-                    }
+                Err(error) if refused_field(error, "reports") => {
+                    riders.failed(true);
+                    tracing::info!(
+                        "the job server takes no reports with a fetch (it is older than this supervisor); each report goes by itself"
+                    );
                     // The fetch itself again, without them.
                     if let Some(fields) = body.as_object_mut() {
                         fields.remove("reports");
                     }
+                    let timeout = wait + Duration::from_secs(30);
                     sent = self.send_dequeue(&body, worker, timeout).await;
                 }
+                // The fetch fails as a fetch; its reports go by themselves.
+                Err(_) => riders.failed(false),
             }
         }
+        // The fetch's turn ends with it: no report is offered while it is
+        // on its way.
+        drop(riders);
         let mut answer = sent.map_err(source_error)?;
         let Value::Array(handouts) = answer["jobs"].take() else {
             return Err(SourceError::Protocol(format!(
@@ -437,10 +445,6 @@ impl JobSource for HttpSource {
 
     fn withdraw_offers(&self) {
         self.riders.withdraw();
-    }
-
-    fn stop_offers(&self) {
-        self.riders.stop();
     }
 
     /// `POST /jobs/{id}/handback` under the job's lease; a server without

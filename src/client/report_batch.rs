@@ -29,9 +29,9 @@ use crate::protocol::JobId;
 /// The most reports in one request (the server takes up to 256).
 const MAX_REPORTS: usize = 64;
 
-/// About the most bytes of reports in one request (the server takes up to
-/// 64 MiB); a report larger than this goes alone.
-const MAX_BYTES: usize = 8 * 1024 * 1024;
+/// About the most bytes of reports in one request (the server takes a
+/// body of up to 2 MiB); a report larger than this goes alone.
+const MAX_BYTES: usize = 1024 * 1024;
 
 /// The longest a report waits to be taken into a batch (behind a report or
 /// batch on its way that the server is slow to answer) before it goes

@@ -2,15 +2,17 @@
 //! the supervisor's next fetch follows at once; its report, offered before
 //! the slot is freed, goes in that fetch's request (`POST /dequeue` with
 //! `reports`), so that the server takes the report and the claim in one
-//! request and one commit instead of two of each.
+//! request (and, as a rule, one commit) instead of two of each.
 //!
 //! A report rides only when no fetch is on its way (one already sent
 //! cannot take it) and while it is small. It goes the usual way instead
 //! (by itself, or batched under load: `report_batch`) when the supervisor
-//! will not fetch (its gate closed, it drains: it withdraws the offers),
-//! when no fetch took it within [`RIDE_WAIT`], and when its fetch failed or
-//! was refused; a report is never dropped. After a server refused the field
-//! (it is older than this supervisor), reports no longer ride.
+//! will not fetch for now (its gate closed for anything but a full pool, it
+//! is quiet, backs off or drains: it withdraws the offers, and none is
+//! taken until its next fetch), when no fetch took it within
+//! [`RIDE_WAIT`], and when its fetch failed or was refused; a report is
+//! never dropped. After a server refused the field (it is older than this
+//! supervisor), reports no longer ride.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -32,8 +34,12 @@ pub const RIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// at most 2 MiB).
 const MAX_RIDER_BYTES: usize = 64 * 1024;
 
-/// The most reports one fetch takes.
+/// The most reports one fetch takes (the server takes 64 on a dequeue).
 const MAX_RIDERS: usize = 64;
+
+/// About the most bytes of reports one fetch takes (the server takes a
+/// dequeue's body up to 2 MiB).
+const MAX_RIDERS_BYTES: usize = 1024 * 1024;
 
 /// The most offered reports whose answer was not yet asked for (each offer
 /// is followed by its report at once; this only bounds a mistake).
@@ -43,6 +49,7 @@ const MAX_OFFERED: usize = 1024;
 struct Rider {
     id: JobId,
     body: Map<String, Value>,
+    size: usize,
     answer: oneshot::Sender<Sent>,
 }
 
@@ -50,7 +57,11 @@ struct Rider {
 struct State {
     /// Fetches on their way.
     fetching: usize,
+    /// No fetch comes for now: offers are not taken until the next one.
+    paused: bool,
     waiting: Vec<Rider>,
+    /// The bytes of the waiting reports.
+    waiting_bytes: usize,
     /// Answers of reports offered, kept until their report asks for them.
     offered: Vec<(JobId, oneshot::Receiver<Sent>)>,
 }
@@ -71,7 +82,8 @@ impl std::fmt::Debug for Riders {
     }
 }
 
-/// The reports a fetch carries; dropping it ends the fetch's turn.
+/// The reports a fetch carries; dropping it ends the fetch's turn (until
+/// then, no report is offered: the fetch on its way cannot take it).
 pub struct Taken {
     riders: Riders,
     carried: Vec<Rider>,
@@ -83,8 +95,8 @@ impl Riders {
     }
 
     /// Offers job `id`'s report (its body as `POST /reports` takes it) to
-    /// the next fetch. Not taken when reports do not ride here, a fetch is
-    /// on its way, or the report is large.
+    /// the next fetch. Not taken when reports do not ride here, no fetch
+    /// comes for now, a fetch is on its way, or the report is large.
     pub fn offer(&self, id: JobId, outcome: &str, mut body: Map<String, Value>) {
         if self.off.load(Ordering::Relaxed) {
             return;
@@ -94,14 +106,22 @@ impl Riders {
         let size = serde_json::to_string(&body).map_or(usize::MAX, |text| text.len());
         let mut state = self.lock();
         if state.fetching > 0
+            || state.paused
             || size > MAX_RIDER_BYTES
             || state.waiting.len() >= MAX_RIDERS
+            || state.waiting_bytes + size > MAX_RIDERS_BYTES
             || state.offered.len() >= MAX_OFFERED
         {
             return;
         }
+        state.waiting_bytes += size;
         let (answer, answered) = oneshot::channel();
-        state.waiting.push(Rider { id, body, answer });
+        state.waiting.push(Rider {
+            id,
+            body,
+            size,
+            answer,
+        });
         state.offered.push((id, answered));
     }
 
@@ -121,27 +141,28 @@ impl Riders {
         let mut state = self.lock();
         match state.waiting.iter().position(|rider| rider.id == id) {
             Some(index) => {
-                state.waiting.remove(index);
+                let rider = state.waiting.remove(index);
+                state.waiting_bytes -= rider.size;
                 true
             }
             None => false,
         }
     }
 
-    /// No fetch is coming for now (the gate closed, the supervisor
-    /// drains): the waiting reports go the usual way at once.
+    /// No fetch comes for now (the gate closed for anything but a full
+    /// pool, the supervisor is quiet, backs off or drains): the waiting
+    /// reports go the usual way at once, and so do those offered until the
+    /// next fetch.
     pub fn withdraw(&self) {
-        let withdrawn = std::mem::take(&mut self.lock().waiting);
+        let withdrawn = {
+            let mut state = self.lock();
+            state.paused = true;
+            state.waiting_bytes = 0;
+            std::mem::take(&mut state.waiting)
+        };
         for rider in withdrawn {
             let _ = rider.answer.send(Sent::Alone);
         }
-    }
-
-    /// No fetch follows ever again: offered reports go the usual way, and
-    /// none is taken any more.
-    pub fn stop(&self) {
-        self.off.store(true, Ordering::Relaxed);
-        self.withdraw();
     }
 
     /// A fetch about to be sent takes the waiting reports; until the
@@ -149,11 +170,9 @@ impl Riders {
     pub fn take(&self) -> Taken {
         let mut state = self.lock();
         state.fetching += 1;
-        let carried = if self.off.load(Ordering::Relaxed) {
-            Vec::new()
-        } else {
-            std::mem::take(&mut state.waiting)
-        };
+        state.paused = false;
+        state.waiting_bytes = 0;
+        let carried = std::mem::take(&mut state.waiting);
         Taken {
             riders: self.clone(),
             carried,
@@ -178,7 +197,7 @@ impl Taken {
     /// Tells each report what the server answered: its own result in the
     /// answer's `results`, or for a result of the store's own (a 5xx) to go
     /// alone.
-    pub fn answered(mut self, answer: &Value) {
+    pub fn answered(&mut self, answer: &Value) {
         let results = answer
             .get("results")
             .and_then(Value::as_array)
@@ -196,7 +215,7 @@ impl Taken {
     /// The fetch failed or was refused: each report goes the usual way.
     /// With `refused_field`, the server does not know reports on a dequeue,
     /// and they no longer ride.
-    pub fn failed(mut self, refused_field: bool) {
+    pub fn failed(&mut self, refused_field: bool) {
         if refused_field {
             self.riders.off.store(true, Ordering::Relaxed);
         }
@@ -250,6 +269,7 @@ mod tests {
                 {"lease": "L", "jobID": 2, "outcome": "fail"},
             ])
         );
+        let mut taken = taken;
         taken.answered(&json!({"jobs": [], "results": [
             {"jobID": 1},
             {"jobID": 2, "error": {"status": 409, "code": "lease_lost", "message": "gone"}},
@@ -333,22 +353,73 @@ mod tests {
     }
 
     #[test]
-    fn after_a_refusal_of_the_field_or_a_stop_reports_no_longer_ride() {
-        for refused in [true, false] {
-            let riders = Riders::default();
-            riders.offer(1, "finish", body());
-            if refused {
-                riders.take().failed(true);
-            } else {
-                riders.stop();
-            }
-            assert!(matches!(heard(&riders, 1), Sent::Alone));
-            riders.offer(2, "finish", body());
-            assert!(
-                riders.answer_of(2).is_none(),
-                "refused {refused}: not offered"
-            );
-            assert!(riders.take().reports().is_none());
+    fn after_a_refusal_of_the_field_reports_no_longer_ride() {
+        let riders = Riders::default();
+        riders.offer(1, "finish", body());
+        riders.take().failed(true);
+        assert!(matches!(heard(&riders, 1), Sent::Alone));
+        riders.offer(2, "finish", body());
+        assert!(riders.answer_of(2).is_none(), "not offered");
+        assert!(riders.take().reports().is_none());
+        riders.offer(3, "finish", body());
+        assert!(riders.answer_of(3).is_none(), "nor after the next fetch");
+    }
+
+    #[test]
+    fn once_withdrawn_no_report_is_taken_until_the_next_fetch() {
+        let riders = Riders::default();
+        riders.withdraw();
+        riders.offer(1, "finish", body());
+        assert!(riders.answer_of(1).is_none(), "no fetch comes for now");
+        drop(riders.take());
+        riders.offer(2, "finish", body());
+        assert!(
+            riders.answer_of(2).is_some(),
+            "the fetch came: offers again"
+        );
+    }
+
+    #[test]
+    fn the_reports_one_fetch_takes_are_bounded_in_count_and_bytes() {
+        let riders = Riders::default();
+        for id in 0..(MAX_RIDERS as JobId + 5) {
+            riders.offer(id, "finish", body());
         }
+        assert_eq!(
+            riders.take().reports().map(|r| r.as_array().map(Vec::len)),
+            Some(Some(MAX_RIDERS))
+        );
+        let mut big = body();
+        big.insert(
+            "data".into(),
+            json!({"blob": "x".repeat(MAX_RIDER_BYTES - 100)}),
+        );
+        let fit = MAX_RIDERS_BYTES / MAX_RIDER_BYTES;
+        for id in 0..(fit as JobId + 3) {
+            riders.offer(1000 + id, "finish", big.clone());
+        }
+        let taken = riders.take().reports().expect("some ride");
+        let taken = taken.as_array().expect("a list");
+        assert!(
+            taken.len() <= fit && taken.len() >= fit - 1,
+            "{}",
+            taken.len()
+        );
+        // A rider that left gives its bytes back.
+        riders.offer(1, "finish", big.clone());
+        assert!(riders.leave(1));
+        for id in 0..fit as JobId {
+            riders.offer(2000 + id, "finish", big.clone());
+        }
+        assert!(
+            riders
+                .take()
+                .reports()
+                .expect("ride")
+                .as_array()
+                .unwrap()
+                .len()
+                >= fit - 1
+        );
     }
 }

@@ -356,13 +356,11 @@ pub trait JobSource: Send + Sync {
         let _ = (id, lease, report, run);
     }
 
-    /// No fetch follows for now (the gate closed, the supervisor drains):
-    /// reports offered by [`JobSource::offer_report`] go by themselves.
+    /// No fetch follows for now (the gate closed for anything but a full
+    /// pool, the supervisor is quiet, backs off or drains): reports offered
+    /// by [`JobSource::offer_report`], and those offered until the next
+    /// fetch, go by themselves.
     fn withdraw_offers(&self) {}
-
-    /// No fetch follows ever again (the supervisor drains): offered
-    /// reports go by themselves, and reports are no longer taken.
-    fn stop_offers(&self) {}
 
     /// Hands back, under its lease, a job this supervisor never started (it
     /// arrived after the supervisor stopped taking jobs): the server puts it

@@ -494,6 +494,9 @@ impl Supervisor {
                 break Exit::MaxIterations;
             }
             if quiet {
+                // No fetch while quiet, nor while backing off (below): the
+                // reports of jobs that end go by themselves.
+                self.source.withdraw_offers();
                 board.gate("quiet", gate.last_sample().map(|s| s.load1));
                 tokio::select! {
                     message = control.recv() => match message {
@@ -510,6 +513,7 @@ impl Supervisor {
                 continue;
             }
             if let Some(until) = shared.busy_until() {
+                self.source.withdraw_offers();
                 tokio::select! {
                     _ = tokio::time::sleep_until(until.into()) => {}
                     Some(_) = workers.join_next(), if !workers.is_empty() => {}
@@ -677,6 +681,7 @@ impl Supervisor {
                     }
                 }
                 Err(error) => {
+                    self.source.withdraw_offers();
                     let wait = jittered(backoff);
                     if matches!(error, SourceError::Unavailable(_)) {
                         tracing::warn!(%error, retry_in = ?wait, "cannot fetch jobs; trying again");
@@ -700,7 +705,7 @@ impl Supervisor {
         // Drain: no more fetching. Let running jobs end, up to the drain
         // timeout (a second drain request cuts it short), then stop the rest
         // and hand their jobs back.
-        self.source.stop_offers();
+        self.source.withdraw_offers();
         let drain_timeout = self.settings().drain_timeout;
         tracing::info!(running = worker_slots.taken(), unreported = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
         board.gate("draining", gate.last_sample().map(|s| s.load1));

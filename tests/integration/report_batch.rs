@@ -94,7 +94,7 @@ fn a_batch_with_a_report_it_cannot_read_is_refused_whole_and_changes_nothing() {
         .collect();
     for (body, says) in [
         (json!({"reports": []}), "empty"),
-        (json!({"reports": too_many}), "at most 256"),
+        (json!({"reports": too_many}), "send at most 256"),
         (json!({"reports": [good, good]}), "twice"),
         (
             json!({"reports": [good, {"jobID": id(&jobs[1]), "outcome": "done"}]}),
@@ -299,11 +299,11 @@ fn a_dequeue_with_a_report_it_cannot_read_is_refused_whole_and_claims_nothing() 
     let jobs = three_running(&api);
     let waiting = api.create(json!({"name": "Batch/waiting"}));
     let good = json!({"jobID": id(&jobs[0]), "outcome": "finish", "lease": jobs[0]["lease"]});
-    let too_many: Vec<Value> = (1..=257)
+    let too_many: Vec<Value> = (1..=65)
         .map(|n| json!({"jobID": n, "outcome": "finish"}))
         .collect();
     for (reports, says) in [
-        (json!(too_many), "at most 256"),
+        (json!(too_many), "send at most 64"),
         (json!([good, good]), "twice"),
         (
             json!([good, {"jobID": id(&jobs[1]), "outcome": "done"}]),

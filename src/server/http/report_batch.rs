@@ -27,6 +27,9 @@ use crate::server::queue::{MAX_RETRY_DELAY_SECS, Queue};
 /// The most reports one batch may carry.
 pub const MAX_BATCH_REPORTS: usize = 256;
 
+/// The most reports a dequeue may carry.
+pub const MAX_DEQUEUE_REPORTS: usize = 64;
+
 /// The request: its reports.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,12 +106,15 @@ fn read(index: usize, mut report: Map<String, Value>) -> Result<(JobId, Outcome)
 }
 
 /// Reads the reports of a batch, or of a dequeue that carries them: each as
-/// its own endpoint would, at most [`MAX_BATCH_REPORTS`], one per job; the
-/// first that cannot be read refuses them all.
-pub fn read_all(reports: Vec<Map<String, Value>>) -> Result<Vec<(JobId, ReadReport)>, ApiError> {
-    if reports.len() > MAX_BATCH_REPORTS {
+/// its own endpoint would, at most `max`, one per job; the first that
+/// cannot be read refuses them all.
+pub fn read_all(
+    reports: Vec<Map<String, Value>>,
+    max: usize,
+) -> Result<Vec<(JobId, ReadReport)>, ApiError> {
+    if reports.len() > max {
         return Err(ApiError::bad_request(format!(
-            "{} reports in one batch; send at most {MAX_BATCH_REPORTS}",
+            "{} reports in one request; send at most {max}",
             reports.len()
         )));
     }
@@ -163,7 +169,7 @@ pub async fn reports(
     if req.reports.is_empty() {
         return Err(ApiError::bad_request("reports is empty: send at least one"));
     }
-    let read = read_all(req.reports)?;
+    let read = read_all(req.reports, MAX_BATCH_REPORTS)?;
     let results = apply(&queue, read).await;
     Ok(Json(json!({ "results": results })))
 }

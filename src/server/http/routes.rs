@@ -317,18 +317,20 @@ pub async fn requeue(State(queue): State<Queue>, Body(req): Body<RequeueRequest>
 }
 
 /// `POST /dequeue`: GetJobs with a lease, optionally waiting. A dequeue may
-/// carry the reports of jobs that ended (as `POST /reports` takes them):
-/// they are applied before the claim, in the same commits, and their
+/// carry up to 64 reports of jobs that ended (as `POST /reports` takes
+/// them): they go to the store before the claim, which sees them, and their
 /// results come back beside the jobs; such a dequeue does not wait, so that
 /// the reports are answered at once.
 pub async fn dequeue(State(queue): State<Queue>, Body(mut req): Body<DequeueRequest>) -> Answer {
-    let reports = report_batch::read_all(req.take_reports())?;
+    let reports = report_batch::read_all(req.take_reports(), report_batch::MAX_DEQUEUE_REPORTS)?;
     let (cmd, wait) = req.into_command(queue.config().default_lease_ms)?;
     let mut out = Map::new();
     let handouts = if reports.is_empty() {
         queue.get_jobs(cmd, wait).await?
     } else {
-        // The reports are submitted first, so that the claim sees them.
+        // The reports' writes are submitted when `apply` is first polled
+        // (all of them: at most 64), before the claim's, and the store runs
+        // writes in order: the claim sees them.
         let (results, handouts) = tokio::join!(
             report_batch::apply(&queue, reports),
             queue.get_jobs(cmd, None)
@@ -338,7 +340,7 @@ pub async fn dequeue(State(queue): State<Queue>, Body(mut req): Body<DequeueRequ
         // (the store, a shutdown) hands out nothing, and the next dequeue,
         // which carries none, hears why.
         handouts.unwrap_or_else(|error| {
-            tracing::debug!(%error, "the claim of a dequeue that carried reports failed");
+            tracing::warn!(%error, "the claim of a dequeue that carried reports failed; answering with their results and no job");
             Vec::new()
         })
     };
