@@ -155,6 +155,19 @@ impl HttpSource {
         Some(run)
     }
 
+    /// A report's `body` with the run facts this server takes, as a batch
+    /// or a fetch carries it.
+    fn with_run(
+        &self,
+        mut body: serde_json::Map<String, Value>,
+        run: Option<&RunFacts>,
+    ) -> serde_json::Map<String, Value> {
+        if let Some(run) = self.run_facts(run) {
+            body.insert("run".into(), json!(run));
+        }
+        body
+    }
+
     /// Sends a report to its own endpoint, `/jobs/{id}/{kind}`, with the
     /// run facts this server takes (learning, from a refusal, which those
     /// are).
@@ -409,10 +422,7 @@ impl JobSource for HttpSource {
             // way (see `report_batch`); by itself otherwise.
             let mut _lead = None;
             if self.batch.on() {
-                let mut body = plain.clone();
-                if let Some(run) = self.run_facts(run) {
-                    body.insert("run".into(), json!(run));
-                }
+                let body = self.with_run(plain.clone(), run);
                 match self.batch.turn(&self.client, id, report.kind(), body) {
                     Turn::Lead(lead) => _lead = Some(lead),
                     Turn::Follow(answer) => {
@@ -436,11 +446,12 @@ impl JobSource for HttpSource {
         report: &Report,
         run: Option<&RunFacts>,
     ) {
-        let mut body = report_body(lease, report);
-        if let Some(run) = self.run_facts(run) {
-            body.insert("run".into(), json!(run));
+        // Most offers at N > 1 find a fetch on its way: the body is made
+        // only for one that may ride.
+        if self.riders.open() {
+            let body = self.with_run(report_body(lease, report), run);
+            self.riders.offer(id, report.kind(), body);
         }
-        self.riders.offer(id, report.kind(), body);
     }
 
     fn withdraw_offers(&self) {

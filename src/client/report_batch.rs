@@ -58,12 +58,37 @@ pub enum Turn {
     Follow(oneshot::Receiver<Sent>),
 }
 
-/// A report waiting for the next batch.
-struct Waiting {
-    id: JobId,
-    body: Map<String, Value>,
-    size: usize,
-    answer: oneshot::Sender<Sent>,
+/// A report waiting to go with others (the next batch, or a fetch: see
+/// `riders`).
+pub struct Waiting {
+    pub id: JobId,
+    /// Its body, with `jobID` and `outcome`.
+    pub body: Map<String, Value>,
+    /// The bytes of its body.
+    pub size: usize,
+    pub answer: oneshot::Sender<Sent>,
+}
+
+impl Waiting {
+    /// Job `id`'s report, its body as its own endpoint takes it, to which
+    /// `jobID` and `outcome` are added; and where its answer comes.
+    pub fn new(
+        id: JobId,
+        outcome: &str,
+        mut body: Map<String, Value>,
+    ) -> (Waiting, oneshot::Receiver<Sent>) {
+        body.insert("jobID".into(), json!(id));
+        body.insert("outcome".into(), json!(outcome));
+        let size = serde_json::to_string(&body).map_or(0, |text| text.len());
+        let (answer, answered) = oneshot::channel();
+        let waiting = Waiting {
+            id,
+            body,
+            size,
+            answer,
+        };
+        (waiting, answered)
+    }
 }
 
 #[derive(Default)]
@@ -109,7 +134,7 @@ impl ReportBatch {
         client: &HttpClient,
         id: JobId,
         outcome: &str,
-        mut body: Map<String, Value>,
+        body: Map<String, Value>,
     ) -> Turn {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if !state.busy {
@@ -119,16 +144,8 @@ impl ReportBatch {
                 client: client.clone(),
             });
         }
-        body.insert("jobID".into(), json!(id));
-        body.insert("outcome".into(), json!(outcome));
-        let size = serde_json::to_string(&body).map_or(0, |text| text.len());
-        let (answer, answered) = oneshot::channel();
-        state.waiting.push(Waiting {
-            id,
-            body,
-            size,
-            answer,
-        });
+        let (waiting, answered) = Waiting::new(id, outcome, body);
+        state.waiting.push(waiting);
         Turn::Follow(answered)
     }
 
@@ -171,13 +188,7 @@ impl ReportBatch {
     /// leaves the list and goes alone; `true` if it was still there.
     pub fn leave(&self, id: JobId) -> bool {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match state.waiting.iter().position(|waiting| waiting.id == id) {
-            Some(index) => {
-                state.waiting.remove(index);
-                true
-            }
-            None => false,
-        }
+        take_out(&mut state.waiting, id)
     }
 
     async fn send(&self, client: &HttpClient, batch: Vec<Waiting>) {
@@ -196,22 +207,7 @@ impl ReportBatch {
             )
             .await;
         match sent {
-            Ok(answer) => {
-                let results = answer
-                    .get("results")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                for (index, waiting) in batch.into_iter().enumerate() {
-                    let sent = match read_result(results.get(index), waiting.id) {
-                        // The store could not take it: alone, the report
-                        // may go to another server of the store.
-                        Err(ClientError::Api { status, .. }) if status >= 500 => Sent::Alone,
-                        result => Sent::Answered(result),
-                    };
-                    let _ = waiting.answer.send(sent);
-                }
-            }
+            Ok(answer) => hear(batch, &answer),
             Err(ClientError::Api { code, .. })
                 if code == "no_such_route" || code == "method_not_allowed" =>
             {
@@ -290,8 +286,38 @@ pub async fn answer_within(
     }
 }
 
+/// Takes job `id`'s report out of `waiting`; `true` if it was there.
+pub fn take_out(waiting: &mut Vec<Waiting>, id: JobId) -> bool {
+    match waiting.iter().position(|report| report.id == id) {
+        Some(index) => {
+            waiting.remove(index);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Tells each report of `batch` what the server answered: its own result
+/// in the answer's `results` (in order), or, for a result of the store's
+/// own (a 5xx), to go alone: the report may go to another server of the
+/// store.
+pub fn hear(batch: Vec<Waiting>, answer: &Value) {
+    let results = answer
+        .get("results")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for (index, waiting) in batch.into_iter().enumerate() {
+        let sent = match read_result(results.get(index), waiting.id) {
+            Err(ClientError::Api { status, .. }) if status >= 500 => Sent::Alone,
+            result => Sent::Answered(result),
+        };
+        let _ = waiting.answer.send(sent);
+    }
+}
+
 /// Tells each report to go by itself.
-fn alone(batch: Vec<Waiting>) {
+pub fn alone(batch: Vec<Waiting>) {
     for waiting in batch {
         let _ = waiting.answer.send(Sent::Alone);
     }
@@ -299,7 +325,7 @@ fn alone(batch: Vec<Waiting>) {
 
 /// A report's result in the batch's answer: `{"jobID": N}`, or with an
 /// `error` as its own endpoint would have answered.
-pub fn read_result(result: Option<&Value>, id: JobId) -> Result<Value, ClientError> {
+fn read_result(result: Option<&Value>, id: JobId) -> Result<Value, ClientError> {
     let unreadable = || ClientError::Transport {
         url: "/reports".into(),
         detail: format!("the answer has no result for job {id}"),

@@ -18,11 +18,10 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
-use super::ClientError;
-use super::report_batch::{Sent, read_result};
+use super::report_batch::{Sent, Waiting, alone, hear, take_out};
 use crate::protocol::JobId;
 
 /// The longest an offered report waits for a fetch to take it (a fetch
@@ -45,23 +44,13 @@ const MAX_RIDERS_BYTES: usize = 1024 * 1024;
 /// is followed by its report at once; this only bounds a mistake).
 const MAX_OFFERED: usize = 1024;
 
-/// A report waiting for a fetch.
-struct Rider {
-    id: JobId,
-    body: Map<String, Value>,
-    size: usize,
-    answer: oneshot::Sender<Sent>,
-}
-
 #[derive(Default)]
 struct State {
     /// Fetches on their way.
     fetching: usize,
     /// No fetch comes for now: offers are not taken until the next one.
     paused: bool,
-    waiting: Vec<Rider>,
-    /// The bytes of the waiting reports.
-    waiting_bytes: usize,
+    waiting: Vec<Waiting>,
     /// Answers of reports offered, kept until their report asks for them.
     offered: Vec<(JobId, oneshot::Receiver<Sent>)>,
 }
@@ -86,7 +75,7 @@ impl std::fmt::Debug for Riders {
 /// then, no report is offered: the fetch on its way cannot take it).
 pub struct Taken {
     riders: Riders,
-    carried: Vec<Rider>,
+    carried: Vec<Waiting>,
 }
 
 impl Riders {
@@ -94,34 +83,36 @@ impl Riders {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Offers job `id`'s report (its body as `POST /reports` takes it) to
+    /// Whether an offer would be taken now (a report need not be made
+    /// ready for one that would not).
+    pub fn open(&self) -> bool {
+        if self.off.load(Ordering::Relaxed) {
+            return false;
+        }
+        let state = self.lock();
+        state.fetching == 0 && !state.paused
+    }
+
+    /// Offers job `id`'s report (its body as its own endpoint takes it) to
     /// the next fetch. Not taken when reports do not ride here, no fetch
     /// comes for now, a fetch is on its way, or the report is large.
-    pub fn offer(&self, id: JobId, outcome: &str, mut body: Map<String, Value>) {
-        if self.off.load(Ordering::Relaxed) {
+    pub fn offer(&self, id: JobId, outcome: &str, body: Map<String, Value>) {
+        if !self.open() {
             return;
         }
-        body.insert("jobID".into(), json!(id));
-        body.insert("outcome".into(), json!(outcome));
-        let size = serde_json::to_string(&body).map_or(usize::MAX, |text| text.len());
+        let (waiting, answered) = Waiting::new(id, outcome, body);
         let mut state = self.lock();
+        let bytes: usize = state.waiting.iter().map(|w| w.size).sum();
         if state.fetching > 0
             || state.paused
-            || size > MAX_RIDER_BYTES
+            || waiting.size > MAX_RIDER_BYTES
             || state.waiting.len() >= MAX_RIDERS
-            || state.waiting_bytes + size > MAX_RIDERS_BYTES
+            || bytes + waiting.size > MAX_RIDERS_BYTES
             || state.offered.len() >= MAX_OFFERED
         {
             return;
         }
-        state.waiting_bytes += size;
-        let (answer, answered) = oneshot::channel();
-        state.waiting.push(Rider {
-            id,
-            body,
-            size,
-            answer,
-        });
+        state.waiting.push(waiting);
         state.offered.push((id, answered));
     }
 
@@ -138,15 +129,7 @@ impl Riders {
     /// Takes job `id`'s report back if no fetch took it yet; `true` if it
     /// was still waiting.
     pub fn leave(&self, id: JobId) -> bool {
-        let mut state = self.lock();
-        match state.waiting.iter().position(|rider| rider.id == id) {
-            Some(index) => {
-                let rider = state.waiting.remove(index);
-                state.waiting_bytes -= rider.size;
-                true
-            }
-            None => false,
-        }
+        take_out(&mut self.lock().waiting, id)
     }
 
     /// No fetch comes for now (the gate closed for anything but a full
@@ -157,12 +140,9 @@ impl Riders {
         let withdrawn = {
             let mut state = self.lock();
             state.paused = true;
-            state.waiting_bytes = 0;
             std::mem::take(&mut state.waiting)
         };
-        for rider in withdrawn {
-            let _ = rider.answer.send(Sent::Alone);
-        }
+        alone(withdrawn);
     }
 
     /// A fetch about to be sent takes the waiting reports; until the
@@ -171,7 +151,6 @@ impl Riders {
         let mut state = self.lock();
         state.fetching += 1;
         state.paused = false;
-        state.waiting_bytes = 0;
         let carried = std::mem::take(&mut state.waiting);
         Taken {
             riders: self.clone(),
@@ -189,7 +168,7 @@ impl Taken {
         Some(Value::Array(
             self.carried
                 .iter()
-                .map(|rider| Value::Object(rider.body.clone()))
+                .map(|waiting| Value::Object(waiting.body.clone()))
                 .collect(),
         ))
     }
@@ -198,18 +177,7 @@ impl Taken {
     /// answer's `results`, or for a result of the store's own (a 5xx) to go
     /// alone.
     pub fn answered(&mut self, answer: &Value) {
-        let results = answer
-            .get("results")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for (index, rider) in std::mem::take(&mut self.carried).into_iter().enumerate() {
-            let sent = match read_result(results.get(index), rider.id) {
-                Err(ClientError::Api { status, .. }) if status >= 500 => Sent::Alone,
-                result => Sent::Answered(result),
-            };
-            let _ = rider.answer.send(sent);
-        }
+        hear(std::mem::take(&mut self.carried), answer);
     }
 
     /// The fetch failed or was refused: each report goes the usual way.
@@ -219,9 +187,7 @@ impl Taken {
         if refused_field {
             self.riders.off.store(true, Ordering::Relaxed);
         }
-        for rider in std::mem::take(&mut self.carried) {
-            let _ = rider.answer.send(Sent::Alone);
-        }
+        alone(std::mem::take(&mut self.carried));
     }
 }
 
@@ -229,9 +195,7 @@ impl Drop for Taken {
     fn drop(&mut self) {
         // Not answered (the fetch was dropped before its answer): each goes
         // the usual way.
-        for rider in std::mem::take(&mut self.carried) {
-            let _ = rider.answer.send(Sent::Alone);
-        }
+        alone(std::mem::take(&mut self.carried));
         let mut state = self.riders.lock();
         state.fetching = state.fetching.saturating_sub(1);
     }
@@ -240,6 +204,8 @@ impl Drop for Taken {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::ClientError;
+    use serde_json::json;
 
     fn body() -> Map<String, Value> {
         let mut body = Map::new();
