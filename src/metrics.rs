@@ -153,6 +153,14 @@ fn describe() {
     );
     describe_gauge!("jobmgr_workers_running", "Workers running now");
     describe_gauge!(
+        "jobmgr_jobs_held",
+        "Jobs fetched ahead (--fetch-ahead) and held for the next free worker slot"
+    );
+    describe_counter!(
+        "jobmgr_jobs_handed_back_total",
+        "Jobs held ahead that went back to the queue unstarted, by reason (hold_expired, gate_closed, draining)"
+    );
+    describe_gauge!(
         "jobmgr_gate_state",
         "1 for the gate's current state (open, load, memory, full, ramp, unreadable)"
     );
@@ -216,47 +224,66 @@ pub fn gate(pool: &str, state: &'static str, load1: Option<f64>, available: Opti
     }
 }
 
-/// How many workers a pool runs, for `jobmgr_workers_running`: each
-/// worker holds a [`WorkerRunning`] for as long as it runs.
+/// A count of a pool's jobs in one state, as a gauge: the workers it runs
+/// (`jobmgr_workers_running`) or the jobs it holds ahead
+/// (`jobmgr_jobs_held`); each job holds a [`Counted`] while in the state.
 #[derive(Debug, Clone)]
-pub struct RunningWorkers {
+pub struct PoolGauge {
+    name: &'static str,
     pool: String,
     count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// One running worker; dropping it counts the worker out.
+/// One job counted in a [`PoolGauge`]; dropping it counts the job out.
 #[derive(Debug)]
-pub struct WorkerRunning(RunningWorkers);
+pub struct Counted(PoolGauge);
 
-impl RunningWorkers {
-    /// The gauge of `pool`, at 0.
-    pub fn new(pool: &str) -> Self {
-        let workers = RunningWorkers {
+impl PoolGauge {
+    /// The running workers' gauge of `pool`, at 0.
+    pub fn workers_running(pool: &str) -> Self {
+        Self::new("jobmgr_workers_running", pool)
+    }
+
+    /// The held jobs' gauge of `pool`, at 0.
+    pub fn jobs_held(pool: &str) -> Self {
+        Self::new("jobmgr_jobs_held", pool)
+    }
+
+    fn new(name: &'static str, pool: &str) -> Self {
+        let gauge = PoolGauge {
+            name,
             pool: pool.to_string(),
             count: Default::default(),
         };
-        workers.publish();
-        workers
+        gauge.publish();
+        gauge
     }
 
-    /// Counts a worker in until the returned guard is dropped.
-    pub fn enter(&self) -> WorkerRunning {
+    /// Counts a job in until the returned guard is dropped.
+    pub fn enter(&self) -> Counted {
         self.count.fetch_add(1, Ordering::SeqCst);
         self.publish();
-        WorkerRunning(self.clone())
+        Counted(self.clone())
     }
 
     fn publish(&self) {
-        gauge!("jobmgr_workers_running", "pool" => self.pool.clone())
+        gauge!(self.name, "pool" => self.pool.clone())
             .set(self.count.load(Ordering::SeqCst) as f64);
     }
 }
 
-impl Drop for WorkerRunning {
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.count.fetch_sub(1, Ordering::SeqCst);
         self.0.publish();
     }
+}
+
+/// Records a job held ahead that went back to the queue unstarted, and
+/// why: `hold_expired`, `gate_closed` or `draining`.
+pub fn held_job_handed_back(pool: &str, reason: &'static str) {
+    counter!("jobmgr_jobs_handed_back_total", "pool" => pool.to_string(), "reason" => reason)
+        .increment(1);
 }
 
 /// Records a worker start and how long after its due time it came.

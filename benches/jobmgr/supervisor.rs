@@ -311,7 +311,7 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // 2. End-to-end throughput against the raw spawn rate.
     out.push_str("\n## End-to-end throughput of no-op jobs, against the raw spawn rate\n\n");
     out.push_str(&format!(
-        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. {} runs each; median (min–max).\n\n",
+        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. The `--fetch-ahead N` rows hold up to N jobs more than `--max-workers` while every slot is taken, so that a slot that frees starts its next job without waiting for a fetch (opt-in; the default fetches only for a free slot). {} runs each; median (min–max).\n\n",
         scale.throughput_jobs, scale.throughput_jobs, scale.repeats
     ));
     out.push_str(
@@ -321,10 +321,17 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // (jobs/s, raw spawns/s at N = 1, supervisor ms, server ms) of the
     // compiled worker at N = 8, for the analysis below.
     let mut bound = (0.0, 0.0, 0.0, 0.0);
-    for (name, label, sandboxed) in [
-        ("Noop", "compiled (C, static)", false),
-        ("Sh", "`/bin/sh` script", false),
-        ("Noop", "compiled, full sandbox", true),
+    for (name, label, sandboxed, ahead) in [
+        ("Noop", "compiled (C, static)", false, false),
+        ("Sh", "`/bin/sh` script", false, false),
+        ("Noop", "compiled, full sandbox", true, false),
+        ("Noop", "compiled, `--fetch-ahead N`", false, true),
+        (
+            "Noop",
+            "compiled, full sandbox, `--fetch-ahead N`",
+            true,
+            true,
+        ),
     ] {
         let program = workers.path().join(name);
         let extra = if sandboxed {
@@ -333,6 +340,10 @@ pub fn report(scale: Scale, footprint: bool) -> String {
             Vec::new()
         };
         for concurrency in [1, 2, 8] {
+            let mut extra = extra.clone();
+            if ahead {
+                extra.extend(["--fetch-ahead".to_string(), concurrency.to_string()]);
+            }
             let (mut jobs, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
             let (mut supervisor_ms, mut server_ms) = (Vec::new(), Vec::new());
             for _ in 0..scale.repeats {
@@ -346,10 +357,10 @@ pub fn report(scale: Scale, footprint: bool) -> String {
                 server_ms.push(run.server_ms);
             }
             let median = |v: &Vec<f64>| median_and_spread(v.clone()).0;
-            if name == "Noop" && !sandboxed && concurrency == 1 {
+            if name == "Noop" && !sandboxed && !ahead && concurrency == 1 {
                 bound.1 = median(&raw);
             }
-            if name == "Noop" && !sandboxed && concurrency == 8 {
+            if name == "Noop" && !sandboxed && !ahead && concurrency == 8 {
                 bound.0 = median(&jobs);
                 bound.2 = median(&supervisor_ms);
                 bound.3 = median(&server_ms);

@@ -106,15 +106,21 @@ pub fn render(status: &Status, now: Timestamp) -> String {
         let load = pool
             .load1
             .map_or("unknown".to_string(), |l| format!("{l:.2}"));
+        let held = pool.running.values().filter(|j| j.held).count();
         out.push_str(&format!(
-            "pool {} ({}): gate {}, load {} of {:.2}, {} of {} busy\n",
+            "pool {} ({}): gate {}, load {} of {:.2}, {} of {} busy{}\n",
             pool.name,
             pool.job_name,
             pool.gate,
             load,
             pool.max_load,
-            pool.running.len(),
-            super::output::count(pool.max_workers as u64, "worker", "workers")
+            pool.running.len() - held,
+            super::output::count(pool.max_workers as u64, "worker", "workers"),
+            if held > 0 {
+                format!(", {held} held ahead")
+            } else {
+                String::new()
+            }
         ));
         if pool.running.is_empty() {
             continue;
@@ -131,7 +137,11 @@ pub fn render(status: &Status, now: Timestamp) -> String {
             "JOB", "NAME", "PID"
         ));
         for (id, job) in &pool.running {
-            let pid = job.pid.map_or("-".to_string(), |p| p.to_string());
+            let pid = match job.pid {
+                Some(pid) => pid.to_string(),
+                None if job.held => "held".to_string(),
+                None => "-".to_string(),
+            };
             out.push_str(&format!(
                 "  {id:>8}  {:width$}  {pid:>8}  {}\n",
                 job.name,

@@ -458,6 +458,10 @@ impl JobSource for HttpSource {
         self.riders.withdraw();
     }
 
+    fn hands_back_exactly(&self) -> bool {
+        true
+    }
+
     /// `POST /jobs/{id}/handback` under the job's lease; a server without
     /// the route, or that kept no copy of the job from before the
     /// hand-out, is sent RetryJob instead.

@@ -116,6 +116,10 @@ impl JobSource for LocalSource {
         })
     }
 
+    fn hands_back_exactly(&self) -> bool {
+        true
+    }
+
     fn hand_back<'a>(&'a self, job: &'a LeasedJob) -> BoxFuture<'a, Result<(), SourceError>> {
         Box::pin(async move {
             let Some(lease) = &job.lease else {

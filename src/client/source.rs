@@ -401,6 +401,15 @@ pub trait JobSource: Send + Sync {
         })
     }
 
+    /// Whether [`JobSource::hand_back`] puts a job back exactly, counting
+    /// no attempt, so that jobs may be held ahead (`--fetch-ahead`): true
+    /// for jobmgr's HTTP API and in-process, false over Bedrock's protocol,
+    /// where a real Bedrock is sent RetryJob (which deletes a resumed
+    /// parent's finished children).
+    fn hands_back_exactly(&self) -> bool {
+        false
+    }
+
     /// Whether a fetch in flight can be cancelled without stranding jobs:
     /// true where cancelling it puts back whatever it had taken (in-process,
     /// where the queue does). Over a network it is false: an answer already

@@ -71,6 +71,14 @@ pub struct SupervisorOptions {
     #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "N", env = "JOBMGR_RAMP")]
     pub ramp: Option<usize>,
+    /// While every worker slot is taken, hold up to N more jobs, fetched ahead, so that a freed slot starts its next job without a round trip to the server; at most --max-workers [default: 0, off]
+    #[arg(help_heading = "Gate")]
+    #[arg(long, value_name = "N", env = "JOBMGR_FETCH_AHEAD")]
+    pub fetch_ahead: Option<usize>,
+    /// A job held ahead that gets no slot within this time goes back to the queue as it was (10ms to 10m) [default: 1s]
+    #[arg(help_heading = "Gate")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_FETCH_AHEAD_HOLD")]
+    pub fetch_ahead_hold: Option<HumanDuration>,
     /// A worker running longer is stopped (SIGTERM, grace, SIGKILL) [default: 30m]
     #[arg(help_heading = "Workers")]
     #[arg(long, value_name = "DURATION", env = "JOBMGR_TIMEOUT")]
@@ -330,6 +338,10 @@ pub struct PoolOptions {
     pub max_workers: Option<usize>,
     /// Its ramp.
     pub ramp: Option<usize>,
+    /// How many jobs it holds ahead.
+    pub fetch_ahead: Option<usize>,
+    /// How long it holds one.
+    pub fetch_ahead_hold: Option<HumanDuration>,
 }
 
 impl PoolOptions {
@@ -349,7 +361,9 @@ impl PoolOptions {
             load_per_cpu,
             min_memory,
             max_workers,
-            ramp
+            ramp,
+            fetch_ahead,
+            fetch_ahead_hold
         );
         merged.pool = None;
         merged
@@ -497,6 +511,8 @@ impl SupervisorOptions {
             min_memory,
             max_workers,
             ramp,
+            fetch_ahead,
+            fetch_ahead_hold,
             timeout,
             kill_grace,
             drain_timeout,

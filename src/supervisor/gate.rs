@@ -234,6 +234,37 @@ pub struct GateLimits {
     /// How many more concurrent workers are allowed each second, starting
     /// from this many.
     pub ramp: usize,
+    /// How many jobs may be held ahead while every slot is taken (see
+    /// `slots`); 0: none.
+    pub fetch_ahead: usize,
+    /// How long a job may be held before it goes back to the queue.
+    pub fetch_ahead_hold: Duration,
+}
+
+impl GateLimits {
+    /// Whether the machine, as `sample` reads it, allows more work: the
+    /// load, CPU pressure and memory limits, without the worker cap or the
+    /// ramp. A job held ahead asks this again when it gets its slot.
+    pub fn machine_allows(&self, sample: &LoadSample) -> Result<(), Closed> {
+        if sample.load1 >= self.max_load {
+            return Err(Closed::Load {
+                load: sample.load1,
+                max: self.max_load,
+            });
+        }
+        if let (Some(pressure), Some(max)) = (sample.cpu_pressure, self.max_cpu_pressure)
+            && pressure >= max
+        {
+            return Err(Closed::Pressure { pressure, max });
+        }
+        if sample.available_memory < self.min_available_memory {
+            return Err(Closed::Memory {
+                available: sample.available_memory,
+                floor: self.min_available_memory,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Why no more work starts now.
@@ -368,31 +399,14 @@ impl Gate {
         };
         self.last_sample = Some(sample);
         let max_workers = self.limits.max_workers.max(1);
-        if sample.load1 >= self.limits.max_load {
-            // The load is high: the ramp starts again from what runs now.
-            self.ceiling = running.max(self.limits.ramp).min(max_workers);
-            self.last_raise = now;
+        if let Err(closed) = self.limits.machine_allows(&sample) {
+            if matches!(closed, Closed::Load { .. } | Closed::Pressure { .. }) {
+                // The machine is busy: the ramp starts again from what runs now.
+                self.ceiling = running.max(self.limits.ramp).min(max_workers);
+                self.last_raise = now;
+            }
             load.forget();
-            return Err(Closed::Load {
-                load: sample.load1,
-                max: self.limits.max_load,
-            });
-        }
-        if let (Some(pressure), Some(max)) = (sample.cpu_pressure, self.limits.max_cpu_pressure)
-            && pressure >= max
-        {
-            // Like the load: the ramp starts again from what runs now.
-            self.ceiling = running.max(self.limits.ramp).min(max_workers);
-            self.last_raise = now;
-            load.forget();
-            return Err(Closed::Pressure { pressure, max });
-        }
-        if sample.available_memory < self.limits.min_available_memory {
-            load.forget();
-            return Err(Closed::Memory {
-                available: sample.available_memory,
-                floor: self.limits.min_available_memory,
-            });
+            return Err(closed);
         }
         if running >= max_workers {
             return Err(Closed::Full { running });
@@ -437,6 +451,8 @@ mod tests {
             max_cpu_pressure: Some(50.0),
             max_workers: 10,
             ramp: 2,
+            fetch_ahead: 0,
+            fetch_ahead_hold: Duration::from_secs(1),
         }
     }
 

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::held::{self, NoPlace, Place, WentBack};
 use super::process::{self, PROGRESS_FD, WorkerSpec};
 use super::report::{self, DETAILS_KEY, Decision, JobFacts, NotRun};
 use super::scratch::JobScratch;
@@ -29,10 +30,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// A job to run.
 pub(super) struct JobTask {
-    /// Its place under `--max-workers`, and its count in the running
-    /// workers' gauge, given back once its worker is gone, before the
-    /// report.
-    pub slot: Option<(super::slots::Slot, crate::metrics::WorkerRunning)>,
+    /// Its place under `--max-workers` (a slot, and its count in the
+    /// running workers' gauge, given back once its worker is gone, before
+    /// the report), or its wait for one when held ahead.
+    pub place: std::sync::Mutex<Place>,
     pub shared: Arc<Shared>,
     pub generation: Arc<Generation>,
     pub job: LeasedJob,
@@ -45,7 +46,8 @@ impl JobTask {
             super::no_worker::drop_impossible_hand_backs(&mut self.job.data, self.job.attempt);
         }
         let span = tracing::info_span!("job", job_id = self.job.id, job_name = %self.job.name);
-        let on_board = Arc::new(self.shared.board.running(self.job.id, &self.job.name));
+        let held = matches!(self.place.get_mut(), Ok(Place::Held(..)));
+        let on_board = Arc::new(self.shared.board.running(self.job.id, &self.job.name, held));
         self.run_job(on_board).instrument(span).await
     }
 
@@ -89,7 +91,10 @@ impl JobTask {
         };
         let mut no_worker = false;
         let (decision, run) = match self.run_worker(facts, on_board).await {
-            Ok(ran) => ran,
+            Ok(Outcome::Decided(decision, run)) => (decision, run),
+            Ok(Outcome::WentBack(why)) => {
+                return held::go_back(&self.shared, &self.job, &why).await;
+            }
             Err(why) => {
                 if let NotRun::Busy(reason) = &why {
                     self.shared.back_off(reason);
@@ -110,7 +115,8 @@ impl JobTask {
         }
         // Nothing of the worker is left: the next job may start while this
         // one's report is on its way.
-        drop(self.slot.take());
+        let place = self.place.get_mut().unwrap_or_else(|e| e.into_inner());
+        drop(std::mem::replace(place, Place::Left));
         let elapsed = started.elapsed();
         let handed_back = no_worker
             && matches!(
@@ -175,7 +181,7 @@ impl JobTask {
         &self,
         facts: JobFacts<'_>,
         on_board: Arc<super::status::OnBoard>,
-    ) -> Result<(Decision, Option<RunFacts>), NotRun> {
+    ) -> Result<Outcome, NotRun> {
         let settings = &self.generation.settings;
         let job_settings = self.job_settings();
 
@@ -215,7 +221,8 @@ impl JobTask {
             run_started,
         } = match ran? {
             Leased::Ran(ran) => ran,
-            Leased::NotStarted(decision) => return Ok((decision, None)),
+            Leased::NotStarted(decision) => return Ok(Outcome::Decided(decision, None)),
+            Leased::WentBack(why) => return Ok(Outcome::WentBack(why)),
         };
         // The report starts from the latest data the worker reported, not
         // from the data as handed out (which would undo its progress).
@@ -264,7 +271,10 @@ impl JobTask {
             run_started.elapsed().as_secs_f64(),
             finished.ending == process::Ending::TimedOut,
         );
-        Ok((decision, Some(report::run_facts(&finished))))
+        Ok(Outcome::Decided(
+            decision,
+            Some(report::run_facts(&finished)),
+        ))
     }
 
     /// The job's run under its lease: a slot, its worker, a uid, a scratch
@@ -281,6 +291,23 @@ impl JobTask {
         let settings = &self.generation.settings;
         let job_settings = self.job_settings();
         let sandbox = &self.generation.sandboxes[self.rule()];
+
+        // Held ahead: wait for a worker slot.
+        let waits = held::Waits {
+            hold: settings.gate.fetch_ahead_hold,
+            limits: &settings.gate,
+            drain: &self.shared.release_held,
+            stop: &worker_stop,
+        };
+        match held::take_place(&self.place, &self.shared, waits, &on_board).await {
+            Ok(()) => {}
+            Err(NoPlace::WentBack(why)) => return Ok(Leased::WentBack(why)),
+            // Stopped while held, its lease kept: back as it was.
+            Err(NoPlace::Stopped) if !lease_lost.load(Ordering::SeqCst) => {
+                return Ok(Leased::WentBack(WentBack::Draining));
+            }
+            Err(NoPlace::Stopped) => return Ok(stopped_waiting(lease_lost, "a worker slot")),
+        }
 
         // A `[[job]]` table's max-concurrency: wait for a slot.
         let _slot = match &self.generation.slots[self.rule()] {
@@ -532,6 +559,20 @@ enum Leased {
     Ran(Ran),
     /// It was stopped before its worker started.
     NotStarted(Decision),
+    /// Held ahead, it goes back to the queue unstarted.
+    WentBack(WentBack),
+}
+
+/// What became of a job.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once per job and matched at once, never stored"
+)]
+enum Outcome {
+    /// Its report is decided (none when its lease was lost).
+    Decided(Decision, Option<RunFacts>),
+    /// Held ahead, it goes back to the queue unstarted.
+    WentBack(WentBack),
 }
 
 /// A worker that ran, its cgroups, scratch directory and uid gone.

@@ -30,6 +30,7 @@ pub mod status;
 pub mod uids;
 pub mod worker_path;
 
+mod held;
 mod job;
 mod quieter;
 
@@ -166,6 +167,15 @@ struct Shared {
     no_worker_lines: quieter::Quieter,
     /// What PHP workers are told of the job server.
     access: bwm_php::Access,
+    /// The pool's name, for the metrics.
+    pool: String,
+    /// The machine's readings, which a held job asks again when it gets
+    /// its slot.
+    load: Arc<dyn LoadSource>,
+    /// The running workers' gauge.
+    running: crate::metrics::PoolGauge,
+    /// Cancelled when the drain starts: held jobs go back at once.
+    release_held: CancellationToken,
 }
 
 /// Settings and what is built from them, swapped whole on reload: the
@@ -419,6 +429,12 @@ impl Supervisor {
             busy_until: std::sync::Mutex::new(None),
             no_worker_lines: quieter::Quieter::new(Duration::from_secs(60)),
             access: self.access.clone(),
+            pool: settings.pool.as_deref().unwrap_or("main").to_string(),
+            load: Arc::clone(&self.load),
+            running: crate::metrics::PoolGauge::workers_running(
+                settings.pool.as_deref().unwrap_or("main"),
+            ),
+            release_held: CancellationToken::new(),
         });
         let courier_stop = CancellationToken::new();
         let courier = tokio::spawn(courier(
@@ -460,14 +476,25 @@ impl Supervisor {
             Arc::clone(&settings),
         )));
 
+        // Jobs are held ahead only where they go back exactly (see
+        // `JobSource::hands_back_exactly`), and not to a count of jobs.
+        let can_hold = self.source.hands_back_exactly();
+        if settings.gate.fetch_ahead > 0 && !can_hold {
+            tracing::warn!(
+                server = %self.source.describe(),
+                "fetch-ahead is off: over Bedrock's protocol a job held ahead could not go back to the queue exactly; give --server the HTTP API's address to use it"
+            );
+        } else if settings.gate.fetch_ahead > 0 && settings.max_iterations.is_some() {
+            tracing::warn!("fetch-ahead is off: max-iterations counts the jobs taken");
+        }
         let mut gate = Gate::new(settings.gate);
         // Jobs until reported; `slots`, until their workers are gone.
         let mut workers: JoinSet<()> = JoinSet::new();
-        let worker_slots = Arc::new(slots::Slots::default());
+        let worker_slots = slots::Slots::new(settings.gate.max_workers);
+        let held_gauge =
+            crate::metrics::PoolGauge::jobs_held(settings.pool.as_deref().unwrap_or("main"));
         // Fetches abandoned on a signal, each handing back what it brings.
         let mut abandoned: JoinSet<()> = JoinSet::new();
-        let running =
-            crate::metrics::RunningWorkers::new(settings.pool.as_deref().unwrap_or("main"));
         let stop_workers = CancellationToken::new();
         let mut started: u64 = 0;
         let mut quiet = false;
@@ -495,7 +522,9 @@ impl Supervisor {
             }
             if quiet {
                 // No fetch while quiet, nor while backing off (below): the
-                // reports of jobs that end go by themselves.
+                // reports of jobs that end go by themselves. Jobs held ahead
+                // go back.
+                shared.release_held.cancel();
                 self.source.withdraw_offers();
                 board.gate("quiet", gate.last_sample().map(|s| s.load1));
                 tokio::select! {
@@ -526,6 +555,7 @@ impl Supervisor {
                 continue;
             }
             gate.set_limits(settings.gate);
+            worker_slots.set_max(settings.gate.max_workers);
             board.limits(
                 &settings.job_name,
                 settings.gate.max_load,
@@ -534,9 +564,23 @@ impl Supervisor {
             let busy = worker_slots.busy(workers.len(), settings.gate.max_workers);
             let checked = gate.check(busy, self.load.as_ref(), Instant::now());
             let sample = gate.last_sample();
-            let state = checked
-                .as_ref()
-                .map_or_else(|closed| closed.name(), |_| "open");
+            // Every slot taken by a worker: jobs may be fetched ahead, held
+            // for the slots that free next (the gate counts as open for
+            // them).
+            let ahead = match checked {
+                Err(gate::Closed::Full { .. })
+                    if can_hold
+                        && settings.max_iterations.is_none()
+                        && worker_slots.taken() >= busy =>
+                {
+                    worker_slots.ahead_room(settings.gate.fetch_ahead)
+                }
+                _ => 0,
+            };
+            let state = match &checked {
+                Err(closed) if ahead == 0 => closed.name(),
+                _ => "open",
+            };
             crate::metrics::gate(
                 settings.pool.as_deref().unwrap_or("main"),
                 state,
@@ -545,6 +589,7 @@ impl Supervisor {
             );
             board.gate(state, sample.map(|s| s.load1));
             let slots = match checked {
+                _ if ahead > 0 => ahead,
                 Ok(slots) => {
                     if let Some(reason) = last_closed.take() {
                         if matches!(reason, "full" | "ramp") {
@@ -670,8 +715,22 @@ impl Supervisor {
                     backoff = Duration::from_secs(1);
                     for leased in jobs {
                         started += 1;
+                        let place = if settings.gate.fetch_ahead == 0 {
+                            held::Place::Slot {
+                                _slot: worker_slots.take(),
+                                _running: shared.running.enter(),
+                            }
+                        } else {
+                            match worker_slots.take_or_hold() {
+                                Ok(slot) => held::Place::Slot {
+                                    _slot: slot,
+                                    _running: shared.running.enter(),
+                                },
+                                Err(hold) => held::Place::Held(hold, held_gauge.enter()),
+                            }
+                        };
                         let task = job::JobTask {
-                            slot: Some((worker_slots.take(), running.enter())),
+                            place: std::sync::Mutex::new(place),
                             shared: Arc::clone(&shared),
                             generation: self.generation(),
                             job: leased,
@@ -702,9 +761,10 @@ impl Supervisor {
             }
         };
 
-        // Drain: no more fetching. Let running jobs end, up to the drain
-        // timeout (a second drain request cuts it short), then stop the rest
-        // and hand their jobs back.
+        // Drain: no more fetching. Jobs held ahead go back now; let running
+        // jobs end, up to the drain timeout (a second drain request cuts it
+        // short), then stop the rest and hand their jobs back.
+        shared.release_held.cancel();
         self.source.withdraw_offers();
         let drain_timeout = self.settings().drain_timeout;
         tracing::info!(running = worker_slots.taken(), unreported = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");

@@ -122,6 +122,21 @@ impl Settings {
         if max_workers == 0 {
             return Err(setting("max-workers must be at least 1".into()));
         }
+        let fetch_ahead = options.fetch_ahead.unwrap_or(0);
+        if fetch_ahead > max_workers {
+            return Err(setting(format!(
+                "fetch-ahead ({fetch_ahead}) must be at most max-workers ({max_workers}): it holds jobs for the slots that free next"
+            )));
+        }
+        let fetch_ahead_hold = options
+            .fetch_ahead_hold
+            .map_or(Duration::from_secs(1), |d| d.0);
+        if !(Duration::from_millis(10)..=Duration::from_secs(600)).contains(&fetch_ahead_hold) {
+            return Err(setting(format!(
+                "fetch-ahead-hold must be between 10ms and 10m, not {}: a held job that gets no slot by then goes back to the queue",
+                crate::config::HumanDuration(fetch_ahead_hold)
+            )));
+        }
         let duration = |value: Option<crate::config::HumanDuration>, default: Duration| {
             value.map_or(default, |d| d.0)
         };
@@ -199,6 +214,8 @@ impl Settings {
                 max_cpu_pressure,
                 max_workers,
                 ramp: options.ramp.unwrap_or(cpus).max(1),
+                fetch_ahead,
+                fetch_ahead_hold,
             },
             drain_timeout: duration(options.drain_timeout, Duration::from_secs(120)),
             lease,
@@ -419,6 +436,8 @@ impl Settings {
             ("min-memory", size(self.gate.min_available_memory)),
             ("max-workers", self.gate.max_workers.to_string()),
             ("ramp", self.gate.ramp.to_string()),
+            ("fetch-ahead", self.gate.fetch_ahead.to_string()),
+            ("fetch-ahead-hold", duration(self.gate.fetch_ahead_hold)),
             ("timeout", duration(job.timeout)),
             ("kill-grace", duration(job.kill_grace)),
             ("drain-timeout", duration(self.drain_timeout)),

@@ -56,6 +56,9 @@ pub struct RunningJob {
     pub pid: Option<u32>,
     /// When the supervisor took it (ms since the epoch).
     pub since: i64,
+    /// Held ahead (`--fetch-ahead`): taken, waiting for a worker slot.
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// The status of the whole process, shared by its pools.
@@ -187,9 +190,9 @@ impl PoolBoard {
         }
     }
 
-    /// Records a job taken; it stays on the board until the returned guard
-    /// is dropped.
-    pub fn running(&self, id: i64, name: &str) -> OnBoard {
+    /// Records a job taken, held ahead or not; it stays on the board until
+    /// the returned guard is dropped.
+    pub fn running(&self, id: i64, name: &str, held: bool) -> OnBoard {
         self.board.with(|status| {
             status.pools[self.index].running.insert(
                 id,
@@ -197,6 +200,7 @@ impl PoolBoard {
                     name: name.to_string(),
                     pid: None,
                     since: Timestamp::now().0,
+                    held,
                 },
             )
         });
@@ -215,6 +219,15 @@ pub struct OnBoard {
 }
 
 impl OnBoard {
+    /// Records that a held job got its worker slot.
+    pub fn placed(&self) {
+        self.pool.board.with(|status| {
+            if let Some(job) = status.pools[self.pool.index].running.get_mut(&self.id) {
+                job.held = false;
+            }
+        });
+    }
+
     /// Records the worker's pid.
     pub fn started(&self, pid: u32) {
         self.pool.board.with(|status| {
@@ -256,9 +269,12 @@ mod tests {
     fn a_job_is_on_the_board_while_its_guard_lives() {
         let board = StatusBoard::new("embedded");
         let pool = board.pool("main", "*", 4.0, 8);
-        let on = pool.running(7, "www/Send");
+        let on = pool.running(7, "www/Send", true);
+        assert!(board.snapshot().pools[0].running[&7].held);
+        on.placed();
         on.started(1234);
         let running = &board.snapshot().pools[0].running;
+        assert!(!running[&7].held);
         assert_eq!(running[&7].pid, Some(1234));
         assert_eq!(running[&7].name, "www/Send");
         drop(on);
@@ -274,7 +290,7 @@ mod tests {
         let board = StatusBoard::new("http://127.0.0.1:1");
         let pool = board.pool("www", "www/*", 2.0, 4);
         pool.gate("load", Some(3.5));
-        let _on = pool.running(1, "www/A");
+        let _on = pool.running(1, "www/A", false);
         write(&path, &board.snapshot()).unwrap();
         assert_eq!(read(&path).unwrap(), board.snapshot());
         std::fs::write(&path, "{").unwrap();

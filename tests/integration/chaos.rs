@@ -6,7 +6,8 @@
 //! are ever killed, by pid. Two shapes of [`Fleet`] share the machinery:
 //!
 //! - the chaos soak: one `jobmgr server` on an SQLite file and two
-//!   supervisors;
+//!   supervisors (the second, as every other supervisor of both shapes,
+//!   holding two jobs ahead with `--fetch-ahead 2`);
 //! - the fleet soak: three servers on one PostgreSQL database, all serving
 //!   at once, and four supervisors, each given the three servers' URLs in
 //!   an order of its own so that they are spread over the servers (and
@@ -1065,6 +1066,11 @@ fn soak(fleet: Fleet, jobs: usize, per_process: usize) {
                 .map(|j| urls[j].as_str())
                 .collect();
             let mut extra = shared.clone();
+            // Every other supervisor holds jobs ahead (`--fetch-ahead`):
+            // its held jobs go back, and die with it, through the kills.
+            if i % 2 == 1 {
+                extra.extend(["--fetch-ahead".into(), "2".into()]);
+            }
             if fleet.servers > 1 {
                 executable(&d.join("workers").join(name), PROBE_WORKER);
                 extra.extend(["--job-name".into(), format!("Chaos/[_{name}]")]);

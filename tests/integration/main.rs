@@ -26,6 +26,7 @@ mod edges;
 mod environment;
 mod events;
 mod failover;
+mod fetch_ahead;
 mod handback;
 mod harness;
 mod help;
