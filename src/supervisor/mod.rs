@@ -476,8 +476,6 @@ impl Supervisor {
             Arc::clone(&settings),
         )));
 
-        // Jobs are held ahead only where they go back exactly (see
-        // `JobSource::hands_back_exactly`), and not to a count of jobs.
         let can_hold = self.source.hands_back_exactly();
         if settings.gate.fetch_ahead > 0 && !can_hold {
             tracing::warn!(
@@ -491,8 +489,7 @@ impl Supervisor {
         // Jobs until reported; `slots`, until their workers are gone.
         let mut workers: JoinSet<()> = JoinSet::new();
         let worker_slots = slots::Slots::new(settings.gate.max_workers);
-        let held_gauge =
-            crate::metrics::PoolGauge::jobs_held(settings.pool.as_deref().unwrap_or("main"));
+        let held_gauge = crate::metrics::PoolGauge::jobs_held(&shared.pool);
         // Fetches abandoned on a signal, each handing back what it brings.
         let mut abandoned: JoinSet<()> = JoinSet::new();
         let stop_workers = CancellationToken::new();
@@ -564,15 +561,15 @@ impl Supervisor {
             let busy = worker_slots.busy(workers.len(), settings.gate.max_workers);
             let checked = gate.check(busy, self.load.as_ref(), Instant::now());
             let sample = gate.last_sample();
+            // Jobs are held ahead only where they go back exactly (see
+            // `JobSource::hands_back_exactly`), and not to a count of jobs.
+            let may_hold =
+                settings.gate.fetch_ahead > 0 && can_hold && settings.max_iterations.is_none();
             // Every slot taken by a worker: jobs may be fetched ahead, held
             // for the slots that free next (the gate counts as open for
             // them).
             let ahead = match checked {
-                Err(gate::Closed::Full { .. })
-                    if can_hold
-                        && settings.max_iterations.is_none()
-                        && worker_slots.taken() >= busy =>
-                {
+                Err(gate::Closed::Full { .. }) if may_hold && worker_slots.taken() >= busy => {
                     worker_slots.ahead_room(settings.gate.fetch_ahead)
                 }
                 _ => 0,
@@ -715,19 +712,18 @@ impl Supervisor {
                     backoff = Duration::from_secs(1);
                     for leased in jobs {
                         started += 1;
-                        let place = if settings.gate.fetch_ahead == 0 {
-                            held::Place::Slot {
+                        // A job is held only where holding is on; else it
+                        // takes its slot, as the gate found room for it.
+                        let place = match may_hold.then(|| worker_slots.take_or_hold()) {
+                            Some(Err(hold)) => held::Place::Held(hold, held_gauge.enter()),
+                            Some(Ok(slot)) => held::Place::Slot {
+                                _slot: slot,
+                                _running: shared.running.enter(),
+                            },
+                            None => held::Place::Slot {
                                 _slot: worker_slots.take(),
                                 _running: shared.running.enter(),
-                            }
-                        } else {
-                            match worker_slots.take_or_hold() {
-                                Ok(slot) => held::Place::Slot {
-                                    _slot: slot,
-                                    _running: shared.running.enter(),
-                                },
-                                Err(hold) => held::Place::Held(hold, held_gauge.enter()),
-                            }
+                            },
                         };
                         let task = job::JobTask {
                             place: std::sync::Mutex::new(place),

@@ -405,9 +405,13 @@ fn a_held_job_whose_slot_comes_with_the_gate_closed_goes_back_instead_of_startin
     let (sup, running, held) = running_and_held(&server, o, flags);
 
     sup.set_load(50.0);
-    // Not a wait for an event but for a bound: a reading of the load is
-    // reused for at most 100 ms, so any check after this sees load 50.
-    std::thread::sleep(Duration::from_millis(300));
+    // Once the gate has read load 50 it drops the reading it keeps, so
+    // every reading after, the held job's among them, sees load 50.
+    wait_for("the gate to close for the load", &sup, || {
+        let text = std::fs::read_to_string(sup.dir.path().join("status.json")).ok()?;
+        let status: Value = serde_json::from_str(&text).ok()?;
+        (status["pools"][0]["gate"] == "load").then_some(())
+    });
     release(o, running);
     wait_hand_back(&sup, "the gate closed");
     wait_state(&api, &sup, held, "QUEUED");
