@@ -311,7 +311,7 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // 2. End-to-end throughput against the raw spawn rate.
     out.push_str("\n## End-to-end throughput of no-op jobs, against the raw spawn rate\n\n");
     out.push_str(&format!(
-        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. The `--fetch-ahead N` rows hold up to N jobs more than `--max-workers` while every slot is taken, so that a slot that frees starts its next job without waiting for a fetch (opt-in; the default fetches only for a free slot). {} runs each; median (min–max).\n\n",
+        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. The `--fetch-ahead 4N` rows hold up to 4N jobs more than `--max-workers` while every slot is taken, so that a slot that frees starts its next job without waiting for a fetch (opt-in; the default fetches only for a free slot). {} runs each; median (min–max).\n\n",
         scale.throughput_jobs, scale.throughput_jobs, scale.repeats
     ));
     out.push_str(
@@ -325,10 +325,10 @@ pub fn report(scale: Scale, footprint: bool) -> String {
         ("Noop", "compiled (C, static)", false, false),
         ("Sh", "`/bin/sh` script", false, false),
         ("Noop", "compiled, full sandbox", true, false),
-        ("Noop", "compiled, `--fetch-ahead N`", false, true),
+        ("Noop", "compiled, `--fetch-ahead 4N`", false, true),
         (
             "Noop",
-            "compiled, full sandbox, `--fetch-ahead N`",
+            "compiled, full sandbox, `--fetch-ahead 4N`",
             true,
             true,
         ),
@@ -342,7 +342,7 @@ pub fn report(scale: Scale, footprint: bool) -> String {
         for concurrency in [1, 2, 8] {
             let mut extra = extra.clone();
             if ahead {
-                extra.extend(["--fetch-ahead".to_string(), concurrency.to_string()]);
+                extra.extend(["--fetch-ahead".to_string(), (4 * concurrency).to_string()]);
             }
             let (mut jobs, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
             let (mut supervisor_ms, mut server_ms) = (Vec::new(), Vec::new());

@@ -71,7 +71,7 @@ pub struct SupervisorOptions {
     #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "N", env = "JOBMGR_RAMP")]
     pub ramp: Option<usize>,
-    /// While every worker slot is taken, hold up to N more jobs, fetched ahead, so that a freed slot starts its next job without a round trip to the server; at most --max-workers [default: 0, off]
+    /// While every worker slot is taken, hold up to N more jobs, fetched ahead, so that a freed slot starts its next job without a round trip to the server; at most 1000, a few times --max-workers for short jobs [default: 0, off]
     #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "N", env = "JOBMGR_FETCH_AHEAD")]
     pub fetch_ahead: Option<usize>,

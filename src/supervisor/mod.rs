@@ -569,7 +569,9 @@ impl Supervisor {
             // for the slots that free next (the gate counts as open for
             // them).
             let ahead = match checked {
-                Err(gate::Closed::Full { .. }) if may_hold && worker_slots.taken() >= busy => {
+                Err(gate::Closed::Full { .. })
+                    if may_hold && !worker_slots.full_of_reports(busy) =>
+                {
                     worker_slots.ahead_room(settings.gate.fetch_ahead)
                 }
                 _ => 0,
@@ -607,9 +609,17 @@ impl Supervisor {
                 }
                 Err(closed) => {
                     // No fetch until the machine allows: the reports of
-                    // jobs that just ended go by themselves. (A full pool
-                    // fetches as soon as a slot frees, with them.)
-                    if !matches!(closed, gate::Closed::Full { .. }) {
+                    // jobs that just ended go by themselves. (A pool full
+                    // of workers fetches as soon as a slot frees, with
+                    // them. One that holds jobs ahead and is full of
+                    // reports on their way fetches only once those
+                    // reports are answered: they must not wait for a
+                    // fetch. Without holding, a slot that frees brings a
+                    // fetch as soon as one report by itself is answered,
+                    // and the riders go in that fetch.)
+                    if !matches!(closed, gate::Closed::Full { .. })
+                        || (may_hold && worker_slots.full_of_reports(busy))
+                    {
                         self.source.withdraw_offers();
                     }
                     if last_closed != Some(closed.name()) {

@@ -123,9 +123,10 @@ impl Settings {
             return Err(setting("max-workers must be at least 1".into()));
         }
         let fetch_ahead = options.fetch_ahead.unwrap_or(0);
-        if fetch_ahead > max_workers {
+        if fetch_ahead > crate::protocol::MAX_NUM_RESULTS {
             return Err(setting(format!(
-                "fetch-ahead ({fetch_ahead}) must be at most max-workers ({max_workers}): it holds jobs for the slots that free next"
+                "fetch-ahead must be at most {} (the most jobs one fetch brings), not {fetch_ahead}; a few times max-workers is plenty for short jobs",
+                crate::protocol::MAX_NUM_RESULTS
             )));
         }
         let fetch_ahead_hold = options

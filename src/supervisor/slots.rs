@@ -151,6 +151,14 @@ impl Slots {
         state.taken.max(reporting)
     }
 
+    /// Whether a pool found `busy` (see [`Slots::busy`]) is full of
+    /// reports on their way rather than of workers: then no slot that
+    /// frees brings a fetch, and reports offered to the next fetch must go
+    /// by themselves (they would wait for a fetch that waits for them).
+    pub fn full_of_reports(&self, busy: usize) -> bool {
+        busy > self.lock().taken
+    }
+
     /// Resolves once a slot was given back since the last call (a slot
     /// given back while nobody waited is remembered once), whether it
     /// passed to a held job or is free.
@@ -260,6 +268,13 @@ mod tests {
         // 3 workers and 6 reports on their way: 9 jobs, past twice the cap,
         // count as a full pool.
         assert_eq!(slots.busy(9, 4), 5);
+        // Then the pool is full of reports, not of workers: no fetch
+        // follows a slot that frees.
+        assert!(slots.full_of_reports(slots.busy(9, 4)));
+        assert!(!slots.full_of_reports(slots.busy(5, 4)));
+        let _fourth = slots.take();
+        assert!(!slots.full_of_reports(slots.busy(8, 4)));
+        assert!(slots.full_of_reports(slots.busy(9, 4)));
     }
 
     #[tokio::test]

@@ -7,7 +7,8 @@
 //!
 //! - the chaos soak: one `jobmgr server` on an SQLite file and two
 //!   supervisors (the second, as every other supervisor of both shapes,
-//!   holding two jobs ahead with `--fetch-ahead 2`);
+//!   holding up to eight jobs ahead of its four slots with
+//!   `--fetch-ahead 8`);
 //! - the fleet soak: three servers on one PostgreSQL database, all serving
 //!   at once, and four supervisors, each given the three servers' URLs in
 //!   an order of its own so that they are spread over the servers (and
@@ -1069,7 +1070,7 @@ fn soak(fleet: Fleet, jobs: usize, per_process: usize) {
             // Every other supervisor holds jobs ahead (`--fetch-ahead`):
             // its held jobs go back, and die with it, through the kills.
             if i % 2 == 1 {
-                extra.extend(["--fetch-ahead".into(), "2".into()]);
+                extra.extend(["--fetch-ahead".into(), "8".into()]);
             }
             if fleet.servers > 1 {
                 executable(&d.join("workers").join(name), PROBE_WORKER);

@@ -436,7 +436,12 @@ struct XorShift(u64);
 
 impl XorShift {
     fn new(seed: u64) -> Self {
-        XorShift((seed ^ 0x9E37_79B9_7F4A_7C15).max(1))
+        // Seeds from the clock differ in their low bits: mixed (splitmix64's
+        // finaliser) so that the first draws differ too.
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        XorShift((z ^ (z >> 31)).max(1))
     }
 
     fn below(&mut self, n: u64) -> u64 {
@@ -492,7 +497,8 @@ fn events(log: &Path) -> Vec<Event> {
         .collect()
 }
 
-/// Two slots, two held, holds of a random 50–400 ms, 150 jobs of random
+/// Two slots, a random 1–6 held (fewer, as many or more than slots), holds
+/// of a random 50–400 ms, 150 jobs of random
 /// lengths (0–150 ms, one in ten 600 ms, so that both slots are often
 /// taken longer than a hold and holds expire), created in a burst and then
 /// in trickles while the slots are busy. Violations: a moment with more
@@ -511,14 +517,18 @@ fn under_random_load_the_cap_holds_and_every_job_runs_once_through_hand_backs() 
     let seed = replay.unwrap_or(clock);
     let mut rng = XorShift::new(seed);
     let hold = 50 + rng.below(351);
-    eprintln!("fetch-ahead stress: seed {seed} (replay: FETCH_AHEAD_SEED={seed}), hold {hold}ms");
+    // As many held as slots, fewer, or more.
+    let ahead = 1 + rng.below(6);
+    eprintln!(
+        "fetch-ahead stress: seed {seed} (replay: FETCH_AHEAD_SEED={seed}), {ahead} ahead, hold {hold}ms"
+    );
 
     let server = Server::start();
     let api = server.api();
     let out = workdir();
     let log: PathBuf = out.path().join("events");
     let builder = Supervisor::builder(&server.url).worker("Stress", &stress_worker(&log));
-    let flags = format!("--max-workers 2 --fetch-ahead 2 --fetch-ahead-hold {hold}ms");
+    let flags = format!("--max-workers 2 --fetch-ahead {ahead} --fetch-ahead-hold {hold}ms");
     let mut sup = with_flags(builder, &flags).start();
     let limit = Duration::from_secs(120);
     let total = 150;
@@ -596,7 +606,7 @@ fn under_random_load_the_cap_holds_and_every_job_runs_once_through_hand_backs() 
     let lines: Vec<&str> = log.lines().collect();
     assert!(
         violations.is_empty(),
-        "{} violations (seed {seed}, hold {hold}ms):\n{}\nthe supervisor's last log lines:\n{}",
+        "{} violations (seed {seed}, {ahead} ahead, hold {hold}ms):\n{}\nthe supervisor's last log lines:\n{}",
         violations.len(),
         violations.join("\n"),
         lines[lines.len().saturating_sub(80)..].join("\n")
@@ -633,20 +643,20 @@ fn refused_start(flags: &str, env: &str, toml: &str) -> (Option<i32>, String) {
     )
 }
 
-/// More held than slots, holds outside 10ms–10m, and values that are not
+/// More held than a fetch brings (1000), holds outside 10ms–10m, and values that are not
 /// counts are refused (exit 2, naming the setting), from flags, the
 /// environment and the configuration file, a pool's table too; the bounds
 /// themselves are taken.
 #[test]
 fn fetch_ahead_settings_out_of_range_are_refused() {
-    let pool = "[[pool]]\nname = \"b\"\njob-name = \"b/*\"\nmax-workers = 1\nfetch-ahead = 2\n";
-    let more = "fetch-ahead max-workers";
+    let pool = "[[pool]]\nname = \"b\"\njob-name = \"b/*\"\nmax-workers = 1\nfetch-ahead = 1001\n";
+    let more = "fetch-ahead 1000 1001";
     let hold = "fetch-ahead-hold";
     // (flags, variable, configuration file, words the refusal says)
     for (flags, env, toml, words) in [
-        ("--max-workers 2 --fetch-ahead 3", "", "", more),
-        ("--max-workers 2", "JOBMGR_FETCH_AHEAD=3", "", more),
-        ("", "", "max-workers = 2\nfetch-ahead = 3\n", more),
+        ("--max-workers 2 --fetch-ahead 1001", "", "", more),
+        ("--max-workers 2", "JOBMGR_FETCH_AHEAD=1001", "", more),
+        ("", "", "max-workers = 2\nfetch-ahead = 1001\n", more),
         ("", "", pool, "fetch-ahead"),
         ("--fetch-ahead-hold 0s", "", "", hold),
         ("--fetch-ahead-hold 9ms", "", "", hold),
@@ -664,18 +674,24 @@ fn fetch_ahead_settings_out_of_range_are_refused() {
         }
     }
 
-    // The bounds are taken: as many held as slots, holds of 10ms and 10m.
+    // The bounds are taken: more held than slots up to a fetch's most,
+    // holds of 10ms and 10m.
     let dir = tempfile::tempdir().expect("temp dir");
-    for hold in ["10ms", "10m"] {
+    for (ahead, hold) in [("8", "10ms"), ("1000", "10m")] {
         let output = jobmgr_in(dir.path())
             .args(["check-config", "--offline", "--worker-path"])
             .arg(dir.path())
-            .args(format!("--max-workers 2 --fetch-ahead 2 --fetch-ahead-hold {hold}").split(' '))
+            .args(
+                format!("--max-workers 2 --fetch-ahead {ahead} --fetch-ahead-hold {hold}")
+                    .split(' '),
+            )
             .run_bounded("check-config with fetch-ahead at its bounds");
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "hold {hold}: {stderr}");
-        let taken = stdout.lines().any(|l| l.starts_with("fetch-ahead = 2 "));
+        let taken = stdout
+            .lines()
+            .any(|l| l.starts_with(&format!("fetch-ahead = {ahead} ")));
         assert!(taken, "{stdout}");
     }
 }
