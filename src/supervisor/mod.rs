@@ -565,13 +565,14 @@ impl Supervisor {
             // `JobSource::hands_back_exactly`), and not to a count of jobs.
             let may_hold =
                 settings.gate.fetch_ahead > 0 && can_hold && settings.max_iterations.is_none();
+            // Holding, with more reports on their way than workers: no
+            // fetch follows a slot that frees until those are answered.
+            let held_up_by_reports = may_hold && worker_slots.full_of_reports(busy);
             // Every slot taken by a worker: jobs may be fetched ahead, held
             // for the slots that free next (the gate counts as open for
             // them).
             let ahead = match checked {
-                Err(gate::Closed::Full { .. })
-                    if may_hold && !worker_slots.full_of_reports(busy) =>
-                {
+                Err(gate::Closed::Full { .. }) if may_hold && !held_up_by_reports => {
                     worker_slots.ahead_room(settings.gate.fetch_ahead)
                 }
                 _ => 0,
@@ -617,9 +618,7 @@ impl Supervisor {
                     // fetch. Without holding, a slot that frees brings a
                     // fetch as soon as one report by itself is answered,
                     // and the riders go in that fetch.)
-                    if !matches!(closed, gate::Closed::Full { .. })
-                        || (may_hold && worker_slots.full_of_reports(busy))
-                    {
+                    if !matches!(closed, gate::Closed::Full { .. }) || held_up_by_reports {
                         self.source.withdraw_offers();
                     }
                     if last_closed != Some(closed.name()) {
