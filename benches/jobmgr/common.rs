@@ -576,14 +576,36 @@ pub fn machine() -> String {
 /// Compiles the no-op C worker into `dir` as `name`; `None` when there is no
 /// C compiler.
 pub fn compile_noop_worker(dir: &Path, name: &str) -> Option<PathBuf> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/jobmgr/noop_worker.c");
+    compile_worker(dir, name, "noop_worker.c", &[&["-static"], &[]])
+}
+
+/// Compiles the no-op worker without a C library (`noop_worker_nolibc.c`)
+/// into `dir` as `name`; `None` where it cannot be built (no C compiler, or
+/// not x86_64 Linux).
+pub fn compile_noop_worker_nolibc(dir: &Path, name: &str) -> Option<PathBuf> {
+    let flags = [
+        "-static",
+        "-nostdlib",
+        "-ffreestanding",
+        "-fno-stack-protector",
+    ];
+    compile_worker(dir, name, "noop_worker_nolibc.c", &[&flags])
+}
+
+/// Compiles `benches/jobmgr/<source>` into `dir` as `name` with `cc -O2`
+/// and the first of `tries` (extra flags) that builds.
+fn compile_worker(dir: &Path, name: &str, source: &str, tries: &[&[&str]]) -> Option<PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("benches/jobmgr")
+        .join(source);
     let out = dir.join(name);
-    for extra in [&["-static"][..], &[][..]] {
+    for extra in tries {
         let built = Command::new("cc")
             .args(["-O2", "-o"])
             .arg(&out)
             .arg(&source)
-            .args(extra)
+            .args(*extra)
+            .stderr(Stdio::null())
             .status();
         if built.is_ok_and(|s| s.success()) {
             return Some(out);

@@ -93,10 +93,12 @@ impl Marks {
     }
 }
 
-/// A worker directory with `Noop` (compiled), `Sh` and `Hold`.
+/// A worker directory with `Noop` (compiled), `NoopNoLibc` (compiled
+/// without a C library, where it can be), `Sh` and `Hold`.
 struct Workers {
     dir: tempfile::TempDir,
     compiled: bool,
+    no_libc: bool,
 }
 
 impl Workers {
@@ -105,12 +107,17 @@ impl Workers {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
         let compiled = compile_noop_worker(dir.path(), "Noop").is_some();
+        let no_libc = compile_noop_worker_nolibc(dir.path(), "NoopNoLibc").is_some();
         for (name, script) in [("Sh", SH_WORKER), ("Hold", HOLD_WORKER)] {
             let path = dir.path().join(name);
             std::fs::write(&path, script).expect("worker");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         }
-        Workers { dir, compiled }
+        Workers {
+            dir,
+            compiled,
+            no_libc,
+        }
     }
 
     fn path(&self) -> &Path {
@@ -208,6 +215,15 @@ fn raw_spawn_rate(worker: &Path, concurrency: usize, count: usize, scratch: &Pat
     let rate = (count / concurrency * concurrency) as f64 / start.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(&marks);
     rate
+}
+
+/// Whether the binary measured has `--fetch-ahead` (an older build, given
+/// in `JOBMGR_BENCH_BIN`, may not).
+fn supports_fetch_ahead() -> bool {
+    Command::new(bin())
+        .arg("--help")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--fetch-ahead"))
 }
 
 /// One end-to-end run: jobs per second, and the CPU milliseconds per job of
@@ -311,7 +327,7 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // 2. End-to-end throughput against the raw spawn rate.
     out.push_str("\n## End-to-end throughput of no-op jobs, against the raw spawn rate\n\n");
     out.push_str(&format!(
-        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. The `--fetch-ahead 4N` rows hold up to 4N jobs more than `--max-workers` while every slot is taken, so that a slot that frees starts its next job without waiting for a fetch (opt-in; the default fetches only for a free slot). {} runs each; median (min–max).\n\n",
+        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. The `--fetch-ahead 4N` rows hold up to 4N jobs more than `--max-workers` while every slot is taken, so that a slot that frees starts its next job without waiting for a fetch (opt-in; the default fetches only for a free slot). The rows *without libc* run the same no-op built without a C library (`noop_worker_nolibc.c`, raw system calls): a C library's start-up is the worker's own cost, and glibc's probe of the CPU's caches (`cpuid`, which traps to the hypervisor on Intel hosts under KVM) can cost as much as the supervisor and the server together there; these rows show the spawn path alone on any host. {} runs each; median (min–max).\n\n",
         scale.throughput_jobs, scale.throughput_jobs, scale.repeats
     ));
     out.push_str(
@@ -321,6 +337,16 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // (jobs/s, raw spawns/s at N = 1, supervisor ms, server ms) of the
     // compiled worker at N = 8, for the analysis below.
     let mut bound = (0.0, 0.0, 0.0, 0.0);
+    let fetch_ahead = supports_fetch_ahead();
+    let mut notes = Vec::new();
+    if !fetch_ahead {
+        notes.push("the binary measured has no `--fetch-ahead`: its rows are skipped");
+    }
+    if !workers.no_libc {
+        notes.push(
+            "the worker without libc could not be built (it needs x86_64 Linux and `cc`): its rows are skipped",
+        );
+    }
     for (name, label, sandboxed, ahead) in [
         ("Noop", "compiled (C, static)", false, false),
         ("Sh", "`/bin/sh` script", false, false),
@@ -332,7 +358,24 @@ pub fn report(scale: Scale, footprint: bool) -> String {
             true,
             true,
         ),
+        ("NoopNoLibc", "without libc", false, false),
+        ("NoopNoLibc", "without libc, full sandbox", true, false),
+        (
+            "NoopNoLibc",
+            "without libc, `--fetch-ahead 4N`",
+            false,
+            true,
+        ),
+        (
+            "NoopNoLibc",
+            "without libc, full sandbox, `--fetch-ahead 4N`",
+            true,
+            true,
+        ),
     ] {
+        if (ahead && !fetch_ahead) || (name == "NoopNoLibc" && !workers.no_libc) {
+            continue;
+        }
         let program = workers.path().join(name);
         let extra = if sandboxed {
             full_sandbox()
@@ -374,6 +417,9 @@ pub fn report(scale: Scale, footprint: bool) -> String {
                 spread(server_ms, 2)
             ));
         }
+    }
+    for note in notes {
+        out.push_str(&format!("\n*Skipped: {note}.*\n"));
     }
 
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
