@@ -226,6 +226,71 @@ fn supports_fetch_ahead() -> bool {
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--fetch-ahead"))
 }
 
+/// One row of the throughput table.
+struct Row {
+    /// The worker's file name.
+    worker: &'static str,
+    label: String,
+    /// With the full sandbox.
+    sandboxed: bool,
+    /// With `--fetch-ahead 4N`.
+    ahead: bool,
+}
+
+/// The throughput rows: each compiled no-op worker built here, plain, in
+/// the full sandbox, fetching ahead and both (fetching ahead only where
+/// the binary measured has it), and the `/bin/sh` worker; with a note for
+/// each kind of row skipped.
+fn throughput_rows(workers: &Workers) -> (Vec<Row>, Vec<&'static str>) {
+    let fetch_ahead = supports_fetch_ahead();
+    let mut notes = Vec::new();
+    if !fetch_ahead {
+        notes.push("the binary measured has no `--fetch-ahead`: its rows are skipped");
+    }
+    if !workers.no_libc {
+        notes.push(
+            "the worker without libc could not be built (it needs x86_64 Linux and `cc`): its rows are skipped",
+        );
+    }
+    let mut rows = Vec::new();
+    for (name, plain, short, built) in [
+        ("Noop", "compiled (C, static)", "compiled", workers.compiled),
+        (
+            "NoopNoLibc",
+            "without libc",
+            "without libc",
+            workers.no_libc,
+        ),
+    ] {
+        for (sandboxed, ahead) in [(false, false), (true, false), (false, true), (true, true)] {
+            if !built || (ahead && !fetch_ahead) {
+                continue;
+            }
+            let label = match (sandboxed, ahead) {
+                (false, false) => plain.to_string(),
+                (true, false) => format!("{short}, full sandbox"),
+                (false, true) => format!("{short}, `--fetch-ahead 4N`"),
+                (true, true) => format!("{short}, full sandbox, `--fetch-ahead 4N`"),
+            };
+            rows.push(Row {
+                worker: name,
+                label,
+                sandboxed,
+                ahead,
+            });
+        }
+    }
+    // The shell worker after the first row, as the report always had it.
+    let shell = Row {
+        worker: "Sh",
+        label: "`/bin/sh` script".to_string(),
+        sandboxed: false,
+        ahead: false,
+    };
+    rows.insert(1.min(rows.len()), shell);
+    (rows, notes)
+}
+
 /// One end-to-end run: jobs per second, and the CPU milliseconds per job of
 /// the supervisor and of the server.
 struct Run {
@@ -337,45 +402,14 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // (jobs/s, raw spawns/s at N = 1, supervisor ms, server ms) of the
     // compiled worker at N = 8, for the analysis below.
     let mut bound = (0.0, 0.0, 0.0, 0.0);
-    let fetch_ahead = supports_fetch_ahead();
-    let mut notes = Vec::new();
-    if !fetch_ahead {
-        notes.push("the binary measured has no `--fetch-ahead`: its rows are skipped");
-    }
-    if !workers.no_libc {
-        notes.push(
-            "the worker without libc could not be built (it needs x86_64 Linux and `cc`): its rows are skipped",
-        );
-    }
-    for (name, label, sandboxed, ahead) in [
-        ("Noop", "compiled (C, static)", false, false),
-        ("Sh", "`/bin/sh` script", false, false),
-        ("Noop", "compiled, full sandbox", true, false),
-        ("Noop", "compiled, `--fetch-ahead 4N`", false, true),
-        (
-            "Noop",
-            "compiled, full sandbox, `--fetch-ahead 4N`",
-            true,
-            true,
-        ),
-        ("NoopNoLibc", "without libc", false, false),
-        ("NoopNoLibc", "without libc, full sandbox", true, false),
-        (
-            "NoopNoLibc",
-            "without libc, `--fetch-ahead 4N`",
-            false,
-            true,
-        ),
-        (
-            "NoopNoLibc",
-            "without libc, full sandbox, `--fetch-ahead 4N`",
-            true,
-            true,
-        ),
-    ] {
-        if (ahead && !fetch_ahead) || (name == "NoopNoLibc" && !workers.no_libc) {
-            continue;
-        }
+    let (rows, notes) = throughput_rows(&workers);
+    for Row {
+        worker: name,
+        label,
+        sandboxed,
+        ahead,
+    } in rows
+    {
         let program = workers.path().join(name);
         let extra = if sandboxed {
             full_sandbox()

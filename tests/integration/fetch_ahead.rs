@@ -498,10 +498,10 @@ fn events(log: &Path) -> Vec<Event> {
 }
 
 /// Two slots, a random 1–6 held (fewer, as many or more than slots), holds
-/// of a random 50–400 ms, 150 jobs of random
-/// lengths (0–150 ms, one in ten 600 ms, so that both slots are often
-/// taken longer than a hold and holds expire), created in a burst and then
-/// in trickles while the slots are busy. Violations: a moment with more
+/// of a random 50–400 ms, 150 jobs of random lengths (0–150 ms, one in ten
+/// 600 ms, so that both slots are often taken longer than a hold and holds
+/// expire), created in a burst and then in trickles while the slots are
+/// busy. Violations: a moment with more
 /// than two workers, a job not run exactly once (start and end), a run
 /// that is not the first attempt (a hand-back counted one), a job not
 /// finished.
@@ -643,10 +643,10 @@ fn refused_start(flags: &str, env: &str, toml: &str) -> (Option<i32>, String) {
     )
 }
 
-/// More held than a fetch brings (1000), holds outside 10ms–10m, and values that are not
-/// counts are refused (exit 2, naming the setting), from flags, the
-/// environment and the configuration file, a pool's table too; the bounds
-/// themselves are taken.
+/// More held than a fetch brings (1000), holds outside 10ms–10m, and
+/// values that are not counts are refused (exit 2, naming the setting), from
+/// flags, the environment and the configuration file, a pool's table too;
+/// the bounds themselves are taken.
 #[test]
 fn fetch_ahead_settings_out_of_range_are_refused() {
     let pool = "[[pool]]\nname = \"b\"\njob-name = \"b/*\"\nmax-workers = 1\nfetch-ahead = 1001\n";
