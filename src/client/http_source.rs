@@ -263,8 +263,15 @@ impl HttpSource {
                 Err(_) => riders.failed(false),
             }
         }
-        // The fetch's turn ends with it: no report is offered while it is
-        // on its way.
+        // Whether the next fetch follows at once (a backlog) is known
+        // before this one's turn ends.
+        let brought = sent
+            .as_ref()
+            .ok()
+            .and_then(|answer| answer["jobs"].as_array())
+            .map_or(0, Vec::len);
+        let asked = count.clamp(1, crate::protocol::MAX_NUM_RESULTS);
+        self.riders.heard_fetch(brought >= asked);
         drop(riders);
         let mut answer = sent.map_err(source_error)?;
         let Value::Array(handouts) = answer["jobs"].take() else {
@@ -446,8 +453,8 @@ impl JobSource for HttpSource {
         report: &Report,
         run: Option<&RunFacts>,
     ) {
-        // Most offers at N > 1 find a fetch on its way: the body is made
-        // only for one that may ride.
+        // Offers at N > 1 without a backlog find a fetch on its way: the
+        // body is made only for one that may ride.
         if self.riders.open() {
             let body = self.with_run(report_body(lease, report), run);
             self.riders.offer(id, report.kind(), body);

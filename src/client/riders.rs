@@ -4,12 +4,19 @@
 //! `reports`), so that the server takes the report and the claim in one
 //! request (and, as a rule, one commit) instead of two of each.
 //!
-//! A report rides only when no fetch is on its way (one already sent
-//! cannot take it) and while it is small. It goes the usual way instead
-//! (by itself, or batched under load: `report_batch`) when the supervisor
-//! will not fetch for now (its gate closed for anything but a full pool, it
-//! is quiet, backs off or drains: it withdraws the offers, and none is
-//! taken until its next fetch), when no fetch took it within
+//! A report rides while it is small, and when no fetch is on its way, or
+//! one is but was sent under a backlog (the fetch before it brought every
+//! job it asked for) less than [`RIDE_WAIT`] ago: a fetch already sent
+//! cannot take the report, but under a backlog its answer comes at once
+//! and the next fetch, for the slot this job freed, follows it and takes
+//! the report (at N > 1 a fetch is usually on its way when a job ends;
+//! without this, each such report was a request and a commit of its own).
+//! A fetch out longer is waiting for jobs, or its server is slow: reports
+//! do not wait for it. A report goes the usual way instead (by itself, or
+//! batched under load: `report_batch`) when the supervisor will not fetch
+//! for now (its gate closed for anything but a full pool or its ramp's
+//! ceiling, it is quiet, backs off or drains: it withdraws the offers, and
+//! none is taken until its next fetch), when no fetch took it within
 //! [`RIDE_WAIT`], and when its fetch failed or was refused; a report is
 //! never dropped. After a server refused the field (it is older than this
 //! supervisor), reports no longer ride.
@@ -17,6 +24,7 @@
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use tokio::sync::oneshot;
@@ -25,9 +33,12 @@ use super::report_batch::{Sent, Waiting, alone, hear, take_out};
 use crate::protocol::JobId;
 
 /// The longest an offered report waits for a fetch to take it (a fetch
-/// follows a freed slot within a fraction of a millisecond; this bounds
-/// the wait where none comes and none withdrew it).
-pub const RIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// follows a freed slot within a fraction of a millisecond, or the answer
+/// of a fetch on its way under a backlog within a few; this bounds the
+/// wait where none comes and none withdrew it). A fetch on its way for
+/// this long already takes no offers behind it: it waits for jobs (a long
+/// poll), or its server is slow.
+pub const RIDE_WAIT: Duration = Duration::from_millis(50);
 
 /// The largest report that rides, in bytes of JSON (a dequeue's body is
 /// at most 2 MiB).
@@ -50,6 +61,11 @@ struct State {
     fetching: usize,
     /// No fetch comes for now: offers are not taken until the next one.
     paused: bool,
+    /// The last fetch answered brought every job it asked for: one on its
+    /// way is answered at once, and a report may wait for the one after it.
+    backlog: bool,
+    /// When the last fetch was sent.
+    sent: Option<Instant>,
     waiting: Vec<Waiting>,
     /// Answers of reports offered, kept until their report asks for them.
     offered: Vec<(JobId, oneshot::Receiver<Sent>)>,
@@ -72,7 +88,8 @@ impl std::fmt::Debug for Riders {
 }
 
 /// The reports a fetch carries; dropping it ends the fetch's turn (until
-/// then, no report is offered: the fetch on its way cannot take it).
+/// then, the fetch on its way cannot take a report offered: one is offered
+/// only for the fetch after it, under a backlog).
 pub struct Taken {
     riders: Riders,
     carried: Vec<Waiting>,
@@ -89,13 +106,30 @@ impl Riders {
         if self.off.load(Ordering::Relaxed) {
             return false;
         }
-        let state = self.lock();
-        state.fetching == 0 && !state.paused
+        Self::takes(&self.lock())
+    }
+
+    /// Whether `state` takes an offer: a fetch comes, and none is on its
+    /// way or the last one sent went under a backlog a moment ago.
+    fn takes(state: &State) -> bool {
+        let behind = || {
+            state.backlog
+                && state
+                    .sent
+                    .is_some_and(|sent| sent.elapsed() < RIDE_WAIT)
+        };
+        !state.paused && (state.fetching == 0 || behind())
+    }
+
+    /// What the last fetch brought: `backlog` if every job it asked for.
+    pub fn heard_fetch(&self, backlog: bool) {
+        self.lock().backlog = backlog;
     }
 
     /// Offers job `id`'s report (its body as its own endpoint takes it) to
     /// the next fetch. Not taken when reports do not ride here, no fetch
-    /// comes for now, a fetch is on its way, or the report is large.
+    /// comes for now, a fetch is on its way without a backlog or for
+    /// [`RIDE_WAIT`] already, or the report is large.
     pub fn offer(&self, id: JobId, outcome: &str, body: Map<String, Value>) {
         if !self.open() {
             return;
@@ -103,8 +137,7 @@ impl Riders {
         let (waiting, answered) = Waiting::new(id, outcome, body);
         let mut state = self.lock();
         let bytes: usize = state.waiting.iter().map(|w| w.size).sum();
-        if state.fetching > 0
-            || state.paused
+        if !Self::takes(&state)
             || waiting.size > MAX_RIDER_BYTES
             || state.waiting.len() >= MAX_RIDERS
             || bytes + waiting.size > MAX_RIDERS_BYTES
@@ -133,7 +166,8 @@ impl Riders {
     }
 
     /// No fetch comes for now (the gate closed for anything but a full
-    /// pool, the supervisor is quiet, backs off or drains): the waiting
+    /// pool or its ramp's ceiling, the supervisor is quiet, backs off or
+    /// drains): the waiting
     /// reports go the usual way at once, and so do those offered until the
     /// next fetch.
     pub fn withdraw(&self) {
@@ -146,10 +180,12 @@ impl Riders {
     }
 
     /// A fetch about to be sent takes the waiting reports; until the
-    /// returned turn is dropped, no report is offered to a later fetch.
+    /// returned turn is dropped, reports are offered to a later fetch only
+    /// under a backlog (see [`Riders::offer`]).
     pub fn take(&self) -> Taken {
         let mut state = self.lock();
         state.fetching += 1;
+        state.sent = Some(Instant::now());
         state.paused = false;
         let carried = std::mem::take(&mut state.waiting);
         Taken {
@@ -280,7 +316,10 @@ mod tests {
         let riders = Riders::default();
         let on_its_way = riders.take();
         riders.offer(1, "finish", body());
-        assert!(riders.answer_of(1).is_none(), "a sent fetch cannot take it");
+        assert!(
+            riders.answer_of(1).is_none(),
+            "a sent fetch cannot take it, and no backlog says another follows"
+        );
         drop(on_its_way);
         let mut large = body();
         large.insert("data".into(), json!({"blob": "x".repeat(MAX_RIDER_BYTES)}));
@@ -291,6 +330,45 @@ mod tests {
             riders.take().reports().map(|r| r[0]["jobID"].clone()),
             Some(json!(3))
         );
+    }
+
+    #[test]
+    fn under_a_backlog_a_report_waits_behind_a_fetch_on_its_way_for_the_next() {
+        let riders = Riders::default();
+        riders.heard_fetch(true);
+        let on_its_way = riders.take();
+        riders.offer(1, "finish", body());
+        let mut answer = riders.answer_of(1).expect("offered behind it");
+        riders.heard_fetch(false);
+        drop(on_its_way);
+        let next = riders.take();
+        assert_eq!(
+            next.reports().map(|r| r[0]["jobID"].clone()),
+            Some(json!(1)),
+            "the next fetch takes it"
+        );
+        // No backlog now: a fetch on its way takes no offer.
+        riders.offer(2, "finish", body());
+        assert!(riders.answer_of(2).is_none(), "no backlog behind this one");
+        drop(next);
+        assert!(
+            matches!(answer.try_recv(), Ok(Sent::Alone)),
+            "its fetch went unanswered: it goes alone"
+        );
+        // Withdrawn under a backlog: no fetch comes, the offer goes alone.
+        riders.heard_fetch(true);
+        let on_its_way = riders.take();
+        riders.offer(3, "finish", body());
+        riders.withdraw();
+        assert!(matches!(heard(&riders, 3), Sent::Alone), "withdrawn");
+        drop(on_its_way);
+        // A fetch out for RIDE_WAIT already waits for jobs, or is slow:
+        // no report waits behind it.
+        let on_its_way = riders.take();
+        riders.lock().sent = Instant::now().checked_sub(RIDE_WAIT);
+        riders.offer(4, "finish", body());
+        assert!(riders.answer_of(4).is_none(), "not behind a fetch out long");
+        drop(on_its_way);
     }
 
     #[test]

@@ -357,7 +357,8 @@ pub trait JobSource: Send + Sync {
     }
 
     /// No fetch follows for now (the gate closed for anything but a full
-    /// pool, the supervisor is quiet, backs off or drains): reports offered
+    /// pool or its ramp's ceiling, the supervisor is quiet, backs off or
+    /// drains): reports offered
     /// by [`JobSource::offer_report`], and those offered until the next
     /// fetch, go by themselves.
     fn withdraw_offers(&self) {}

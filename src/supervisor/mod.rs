@@ -611,14 +611,15 @@ impl Supervisor {
                 Err(closed) => {
                     // No fetch until the machine allows: the reports of
                     // jobs that just ended go by themselves. (A pool full
-                    // of workers fetches as soon as a slot frees, with
-                    // them. One that holds jobs ahead and is full of
-                    // reports on their way fetches only once those
-                    // reports are answered: they must not wait for a
-                    // fetch. Without holding, a slot that frees brings a
-                    // fetch as soon as one report by itself is answered,
-                    // and the riders go in that fetch.)
-                    if !matches!(closed, gate::Closed::Full { .. }) || held_up_by_reports {
+                    // of workers, or at its ramp's ceiling, fetches as
+                    // soon as a slot frees, with them. One full of reports
+                    // on their way fetches only once those reports are
+                    // answered: they must not wait for a fetch.)
+                    let slot_brings_fetch = matches!(
+                        closed,
+                        gate::Closed::Full { .. } | gate::Closed::Ramp { .. }
+                    );
+                    if !slot_brings_fetch || worker_slots.full_of_reports(busy) {
                         self.source.withdraw_offers();
                     }
                     if last_closed != Some(closed.name()) {

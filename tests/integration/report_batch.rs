@@ -2,8 +2,9 @@
 //! endpoint takes it, refused whole when one cannot be read (nothing
 //! changes), answered report by report otherwise; and a supervisor under
 //! load sending its reports that way. `POST /dequeue` with `reports`: the
-//! same, applied before the claim, and a supervisor that takes one job at a
-//! time sending each report with its next fetch.
+//! same, applied before the claim, and a supervisor sending each report
+//! with its next fetch: one that takes one job at a time, and one of
+//! several workers with jobs waiting.
 
 use serde_json::{Value, json};
 
@@ -181,16 +182,36 @@ fn a_batch_with_a_report_it_cannot_read_is_refused_whole_and_changes_nothing() {
 /// Then: the server's count of `POST` requests to each route, and the
 /// metrics text.
 fn quick_jobs_through(max_workers: usize, count: usize) -> (impl Fn(&str) -> f64, String) {
+    quick_jobs_with(max_workers, count, 0, &[])
+}
+
+/// [`quick_jobs_through`], each worker writing `stderr_bytes` to its
+/// stderr (which its report carries), the supervisor started with `extra`
+/// arguments.
+fn quick_jobs_with(
+    max_workers: usize,
+    count: usize,
+    stderr_bytes: usize,
+    extra: &[&str],
+) -> (impl Fn(&str) -> f64, String) {
     let server = Server::builder()
         .arg("--metrics")
         .arg("127.0.0.1:0")
         .start();
     let api = server.api();
-    let sup = Supervisor::builder(&server.url)
-        .worker("Quick", &sh("cat > /dev/null; echo '{\"ran\": true}'"))
+    let mut sup = Supervisor::builder(&server.url)
+        .worker(
+            "Quick",
+            &sh(&format!(
+                "cat > /dev/null; head -c {stderr_bytes} /dev/zero | tr '\\0' x >&2; echo '{{\"ran\": true}}'"
+            )),
+        )
         .arg("--max-workers")
-        .arg(&max_workers.to_string())
-        .start();
+        .arg(&max_workers.to_string());
+    for arg in extra {
+        sup = sup.arg(arg);
+    }
+    let sup = sup.start();
     let jobs: Vec<Value> = (0..count)
         .map(|_| json!({"name": "Quick", "repeat": "FINISHED, +1 HOUR"}))
         .collect();
@@ -226,7 +247,9 @@ fn quick_jobs_through(max_workers: usize, count: usize) -> (impl Fn(&str) -> f64
 #[test]
 fn a_supervisor_under_load_sends_its_reports_in_batches_and_loses_none() {
     let count = 200;
-    let (route, text) = quick_jobs_through(8, count);
+    // Reports too large to ride on a fetch: each carries its worker's
+    // 64 KiB of stderr (the output cap's).
+    let (route, text) = quick_jobs_with(8, count, 70_000, &[]);
     assert!(
         route("/reports") >= 1.0,
         "some reports went together: {text}"
@@ -359,5 +382,38 @@ fn a_supervisor_taking_one_job_at_a_time_sends_reports_with_its_fetches_and_lose
     assert!(
         alone < count as f64,
         "some reports went with a fetch ({alone} of {count} by themselves): {text}"
+    );
+}
+
+#[test]
+fn a_supervisor_of_several_workers_sends_its_reports_with_its_fetches_under_a_backlog() {
+    // A fetch is usually on its way when a job ends here; with jobs
+    // waiting, its answer comes at once and the fetch after it, for the
+    // slot that freed, takes the report. (`--ramp 4`: no start-up ramp.)
+    let count = 200;
+    let (route, text) = quick_jobs_with(4, count, 0, &["--ramp", "4"]);
+    let alone = route("/jobs/{id}/finish") + route("/reports");
+    let fetches = route("/dequeue");
+    assert!(
+        alone < count as f64 / 4.0,
+        "most reports went with a fetch ({alone} of {count} by themselves): {text}"
+    );
+    assert!(
+        fetches + alone < 1.5 * count as f64,
+        "{fetches} fetches and {alone} other reports for {count} jobs: {text}"
+    );
+}
+
+#[test]
+fn a_supervisor_at_its_ramps_ceiling_sends_its_reports_with_its_fetches() {
+    // One worker more a second, up to 100: the gate stays closed at the
+    // ramp's ceiling, and a slot that frees brings a fetch, as in a full
+    // pool, so the reports wait for it.
+    let count = 100;
+    let (route, text) = quick_jobs_with(100, count, 0, &["--ramp", "1"]);
+    let alone = route("/jobs/{id}/finish") + route("/reports");
+    assert!(
+        alone < count as f64 / 4.0,
+        "most reports went with a fetch ({alone} of {count} by themselves): {text}"
     );
 }
