@@ -112,12 +112,7 @@ impl Riders {
     /// Whether `state` takes an offer: a fetch comes, and none is on its
     /// way or the last one sent went under a backlog a moment ago.
     fn takes(state: &State) -> bool {
-        let behind = || {
-            state.backlog
-                && state
-                    .sent
-                    .is_some_and(|sent| sent.elapsed() < RIDE_WAIT)
-        };
+        let behind = || state.backlog && state.sent.is_some_and(|sent| sent.elapsed() < RIDE_WAIT);
         !state.paused && (state.fetching == 0 || behind())
     }
 
