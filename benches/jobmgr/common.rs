@@ -127,6 +127,19 @@ impl ServerProcess {
     pub fn cpu_seconds(&self) -> f64 {
         cpu_seconds(self.child.id())
     }
+
+    /// The requests the server has answered so far, over every API and
+    /// route (`jobmgr_server_requests_total`), its metrics scrapes not
+    /// counted.
+    pub fn requests(&self) -> f64 {
+        let text = client()
+            .get(format!("http://{}/metrics", self.metrics))
+            .send()
+            .expect("scrape")
+            .text()
+            .expect("text");
+        total(&text, "jobmgr_server_requests_total")
+    }
 }
 
 impl Drop for ServerProcess {
@@ -532,6 +545,15 @@ pub fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
         .find(|line| labels.iter().all(|l| line.contains(l)))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// The sum of every sample of `series` in a Prometheus text.
+pub fn total(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| line.starts_with(series) && line[series.len()..].starts_with(['{', ' ']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The `p` quantile of sorted values (nearest rank).

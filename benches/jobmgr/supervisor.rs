@@ -291,12 +291,13 @@ fn throughput_rows(workers: &Workers) -> (Vec<Row>, Vec<&'static str>) {
     (rows, notes)
 }
 
-/// One end-to-end run: jobs per second, and the CPU milliseconds per job of
-/// the supervisor and of the server.
+/// One end-to-end run: jobs per second, the CPU milliseconds per job of
+/// the supervisor and of the server, and the server's requests per job.
 struct Run {
     rate: f64,
     supervisor_ms: f64,
     server_ms: f64,
+    requests: f64,
 }
 
 /// `count` no-op jobs queued first, then a supervisor with `concurrency`
@@ -313,6 +314,7 @@ fn throughput(
     create_batch(&client, &server.url, &format!("bench/{name}"), count);
     let scratch = tempfile::tempdir().expect("temp dir");
     let mut marks = Marks::new(scratch.path().join("marks"));
+    let requests_before = server.requests();
     let start = Instant::now();
     let server_before = server.cpu_seconds();
     let supervisor = SupervisorProcess::start(SupervisorSpec {
@@ -323,10 +325,28 @@ fn throughput(
     });
     marks.wait_count(count, Duration::from_secs(600));
     let elapsed = start.elapsed();
+    let supervisor_ms = supervisor.cpu_seconds() * 1000.0 / count as f64;
+    let server_ms = (server.cpu_seconds() - server_before) * 1000.0 / count as f64;
+    // The last reports land just after the last worker ran (within the
+    // 50 ms a report waits for a fetch to take it): counted once the count
+    // holds still for 200 ms. The scrapes go to the metrics port, which
+    // counts no request.
+    let reported = || server.requests() - requests_before;
+    let mut requests = reported();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = reported();
+        if now == requests {
+            break;
+        }
+        requests = now;
+    }
     Run {
         rate: count as f64 / elapsed.as_secs_f64(),
-        supervisor_ms: supervisor.cpu_seconds() * 1000.0 / count as f64,
-        server_ms: (server.cpu_seconds() - server_before) * 1000.0 / count as f64,
+        supervisor_ms,
+        server_ms,
+        requests: requests / count as f64,
     }
 }
 
@@ -392,11 +412,11 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     // 2. End-to-end throughput against the raw spawn rate.
     out.push_str("\n## End-to-end throughput of no-op jobs, against the raw spawn rate\n\n");
     out.push_str(&format!(
-        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. The `--fetch-ahead 4N` rows hold up to 4N jobs more than `--max-workers` while every slot is taken, so that a slot that frees starts its next job without waiting for a fetch (opt-in; the default fetches only for a free slot). The rows *without libc* run the same no-op built without a C library (`noop_worker_nolibc.c`, raw system calls): a C library's start-up is the worker's own cost, and glibc's probe of the CPU's caches (`cpuid`, which traps to the hypervisor on Intel hosts under KVM) can cost as much as the supervisor and the server together there; these rows show the spawn path alone on any host. {} runs each; median (min–max).\n\n",
+        "{} no-op jobs are queued on a fresh `jobmgr server`, then a supervisor with `--max-workers N` is started and timed until the last worker ran (its start-up included). Each job is a lease, a fork/exec with stdin/stdout/stderr pipes and a scratch directory, a wait and a durable FinishJob (sent with others that are ready at the same moment, or with the next fetch). The raw rate is the same worker started by this harness with `std::process::Command` (fork/exec/wait, nothing else) from N threads, {} times, in the same run. The `--fetch-ahead 4N` rows hold up to 4N jobs more than `--max-workers` while every slot is taken, so that a slot that frees starts its next job without waiting for a fetch (opt-in; the default fetches only for a free slot). Server requests/job counts every request the server answered during the run (fetches, reports sent by themselves or together, heartbeats), divided by the jobs: a report that rides on a fetch adds none. The rows *without libc* run the same no-op built without a C library (`noop_worker_nolibc.c`, raw system calls): a C library's start-up is the worker's own cost, and glibc's probe of the CPU's caches (`cpuid`, which traps to the hypervisor on Intel hosts under KVM) can cost as much as the supervisor and the server together there; these rows show the spawn path alone on any host. {} runs each; median (min–max).\n\n",
         scale.throughput_jobs, scale.throughput_jobs, scale.repeats
     ));
     out.push_str(
-        "| worker | N | jobs/s | raw spawns/s | ratio | supervisor CPU ms/job | server CPU ms/job |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+        "| worker | N | jobs/s | raw spawns/s | ratio | supervisor CPU ms/job | server CPU ms/job | server requests/job |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let scratch = tempfile::tempdir().expect("temp dir");
     // (jobs/s, raw spawns/s at N = 1, supervisor ms, server ms) of the
@@ -422,7 +442,8 @@ pub fn report(scale: Scale, footprint: bool) -> String {
                 extra.extend(["--fetch-ahead".to_string(), (4 * concurrency).to_string()]);
             }
             let (mut jobs, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-            let (mut supervisor_ms, mut server_ms) = (Vec::new(), Vec::new());
+            let (mut supervisor_ms, mut server_ms, mut requests) =
+                (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..scale.repeats {
                 let run = throughput(&workers, name, concurrency, scale.throughput_jobs, &extra);
                 let limit =
@@ -432,6 +453,7 @@ pub fn report(scale: Scale, footprint: bool) -> String {
                 ratios.push(run.rate / limit * 100.0);
                 supervisor_ms.push(run.supervisor_ms);
                 server_ms.push(run.server_ms);
+                requests.push(run.requests);
             }
             let median = |v: &Vec<f64>| median_and_spread(v.clone()).0;
             if name == "Noop" && !sandboxed && !ahead && concurrency == 1 {
@@ -443,12 +465,13 @@ pub fn report(scale: Scale, footprint: bool) -> String {
                 bound.3 = median(&server_ms);
             }
             out.push_str(&format!(
-                "| {label} | {concurrency} | {} | {} | {} % | {} | {} |\n",
+                "| {label} | {concurrency} | {} | {} | {} % | {} | {} | {} |\n",
                 spread(jobs, 0),
                 spread(raw, 0),
                 spread(ratios, 0),
                 spread(supervisor_ms, 2),
-                spread(server_ms, 2)
+                spread(server_ms, 2),
+                spread(requests, 2)
             ));
         }
     }
@@ -461,7 +484,7 @@ pub fn report(scale: Scale, footprint: bool) -> String {
     let worker_ms = 1000.0 / raw_one;
     let cpu_bound = cores * 1000.0 / (supervisor_ms + server_ms + worker_ms);
     out.push_str(&format!(
-        "\n**What limits it.** Every process here shares {cores:.0} cores, so jobs/s can be no more than cores ÷ (CPU per job). At N = 8 with the compiled worker, a job costs {supervisor_ms:.2} ms of supervisor CPU, {server_ms:.2} ms of server CPU (its claim and its report, each a request and a durable commit that jobs share under load: a batch of hand-outs per dequeue, reports sent together) and about {worker_ms:.2} ms for the fork/exec/wait itself (one raw spawn at N = 1): at most {cpu_bound:.0} jobs/s on this machine, of which the measured {rate:.0} jobs/s is {:.0} %. The raw spawn rate has none of the lease, the scratch directory, the pipes, the sandbox (a cgroup per job when run as root), the report or the server, so the raw rate cannot be met with the server on the same cores. Workers are started by the spawner, a single-threaded process forked before the supervisor's runtime, so a fork no longer copies the runtime's page tables; profiling the supervisor and its spawner (`perf record -g` during this measure) puts most of what is left in the kernel: the job's scratch directory and cgroup (`mkdir`, `rmdir`), the spawner's `clone`, and switches between the runtime's threads. BENCHMARKS.md's section on the spawn path has the measures of each step.\n",
+        "\n**What limits it.** Every process here shares {cores:.0} cores, so jobs/s can be no more than cores ÷ (CPU per job). At N = 8 with the compiled worker, a job costs {supervisor_ms:.2} ms of supervisor CPU, {server_ms:.2} ms of server CPU (its claim and its report, each a request and a durable commit that jobs share under load: a batch of hand-outs per dequeue, reports riding on the fetches or sent together) and about {worker_ms:.2} ms for the fork/exec/wait itself (one raw spawn at N = 1): at most {cpu_bound:.0} jobs/s on this machine, of which the measured {rate:.0} jobs/s is {:.0} %. The raw spawn rate has none of the lease, the scratch directory, the pipes, the sandbox (a cgroup per job when run as root), the report or the server, so the raw rate cannot be met with the server on the same cores. Workers are started by the spawner, a single-threaded process forked before the supervisor's runtime, so a fork no longer copies the runtime's page tables; profiling the supervisor and its spawner (`perf record -g` during this measure) puts most of what is left in the kernel: the job's scratch directory and cgroup (`mkdir`, `rmdir`), the spawner's `clone`, and switches between the runtime's threads. BENCHMARKS.md's section on the spawn path has the measures of each step.\n",
         rate / cpu_bound * 100.0
     ));
 

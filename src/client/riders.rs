@@ -162,9 +162,8 @@ impl Riders {
 
     /// No fetch comes for now (the gate closed for anything but a full
     /// pool or its ramp's ceiling, the supervisor is quiet, backs off or
-    /// drains): the waiting
-    /// reports go the usual way at once, and so do those offered until the
-    /// next fetch.
+    /// drains): the waiting reports go the usual way at once, and so do
+    /// those offered until the next fetch.
     pub fn withdraw(&self) {
         let withdrawn = {
             let mut state = self.lock();

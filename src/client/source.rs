@@ -358,9 +358,8 @@ pub trait JobSource: Send + Sync {
 
     /// No fetch follows for now (the gate closed for anything but a full
     /// pool or its ramp's ceiling, the supervisor is quiet, backs off or
-    /// drains): reports offered
-    /// by [`JobSource::offer_report`], and those offered until the next
-    /// fetch, go by themselves.
+    /// drains): reports offered by [`JobSource::offer_report`], and those
+    /// offered until the next fetch, go by themselves.
     fn withdraw_offers(&self) {}
 
     /// Hands back, under its lease, a job this supervisor never started (it

@@ -2,9 +2,9 @@
 //! endpoint takes it, refused whole when one cannot be read (nothing
 //! changes), answered report by report otherwise; and a supervisor under
 //! load sending its reports that way. `POST /dequeue` with `reports`: the
-//! same, applied before the claim, and a supervisor sending each report
-//! with its next fetch: one that takes one job at a time, and one of
-//! several workers with jobs waiting.
+//! same, applied before the claim, and a supervisor that takes one job at a
+//! time sending each report with its next fetch (several workers: see
+//! `riders`).
 
 use serde_json::{Value, json};
 
@@ -188,7 +188,7 @@ fn quick_jobs_through(max_workers: usize, count: usize) -> (impl Fn(&str) -> f64
 /// [`quick_jobs_through`], each worker writing `stderr_bytes` to its
 /// stderr (which its report carries), the supervisor started with `extra`
 /// arguments.
-fn quick_jobs_with(
+pub fn quick_jobs_with(
     max_workers: usize,
     count: usize,
     stderr_bytes: usize,
@@ -382,38 +382,5 @@ fn a_supervisor_taking_one_job_at_a_time_sends_reports_with_its_fetches_and_lose
     assert!(
         alone < count as f64,
         "some reports went with a fetch ({alone} of {count} by themselves): {text}"
-    );
-}
-
-#[test]
-fn a_supervisor_of_several_workers_sends_its_reports_with_its_fetches_under_a_backlog() {
-    // A fetch is usually on its way when a job ends here; with jobs
-    // waiting, its answer comes at once and the fetch after it, for the
-    // slot that freed, takes the report. (`--ramp 4`: no start-up ramp.)
-    let count = 200;
-    let (route, text) = quick_jobs_with(4, count, 0, &["--ramp", "4"]);
-    let alone = route("/jobs/{id}/finish") + route("/reports");
-    let fetches = route("/dequeue");
-    assert!(
-        alone < count as f64 / 4.0,
-        "most reports went with a fetch ({alone} of {count} by themselves): {text}"
-    );
-    assert!(
-        fetches + alone < 1.5 * count as f64,
-        "{fetches} fetches and {alone} other reports for {count} jobs: {text}"
-    );
-}
-
-#[test]
-fn a_supervisor_at_its_ramps_ceiling_sends_its_reports_with_its_fetches() {
-    // One worker more a second, up to 100: the gate stays closed at the
-    // ramp's ceiling, and a slot that frees brings a fetch, as in a full
-    // pool, so the reports wait for it.
-    let count = 100;
-    let (route, text) = quick_jobs_with(100, count, 0, &["--ramp", "1"]);
-    let alone = route("/jobs/{id}/finish") + route("/reports");
-    assert!(
-        alone < count as f64 / 4.0,
-        "most reports went with a fetch ({alone} of {count} by themselves): {text}"
     );
 }
