@@ -537,23 +537,30 @@ pub fn post(client: &reqwest::blocking::Client, url: &str, body: &Value) -> Valu
     value
 }
 
-/// The value of `series` with all of `labels` in a Prometheus text.
-pub fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
+/// The sample lines of `series` in a Prometheus text.
+fn series_lines<'a>(text: &'a str, series: &'a str) -> impl Iterator<Item = &'a str> {
     text.lines()
         .filter(|line| !line.starts_with('#'))
-        .filter(|line| line.starts_with(series) && line[series.len()..].starts_with(['{', ' ']))
+        .filter(move |line| {
+            line.starts_with(series) && line[series.len()..].starts_with(['{', ' '])
+        })
+}
+
+/// The value of a sample line.
+fn value_of(line: &str) -> Option<f64> {
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+/// The value of `series` with all of `labels` in a Prometheus text.
+pub fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
+    series_lines(text, series)
         .find(|line| labels.iter().all(|l| line.contains(l)))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+        .and_then(value_of)
 }
 
 /// The sum of every sample of `series` in a Prometheus text.
 pub fn total(text: &str, series: &str) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| line.starts_with(series) && line[series.len()..].starts_with(['{', ' ']))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    series_lines(text, series).filter_map(value_of).sum()
 }
 
 /// The `p` quantile of sorted values (nearest rank).

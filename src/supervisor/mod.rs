@@ -565,9 +565,10 @@ impl Supervisor {
             // `JobSource::hands_back_exactly`), and not to a count of jobs.
             let may_hold =
                 settings.gate.fetch_ahead > 0 && can_hold && settings.max_iterations.is_none();
-            // Holding, with more reports on their way than workers: no
-            // fetch follows a slot that frees until those are answered.
-            let held_up_by_reports = may_hold && worker_slots.full_of_reports(busy);
+            // More reports on their way than workers: no fetch follows a
+            // slot that frees until those are answered.
+            let full_of_reports = worker_slots.full_of_reports(busy);
+            let held_up_by_reports = may_hold && full_of_reports;
             // Every slot taken by a worker: jobs may be fetched ahead, held
             // for the slots that free next (the gate counts as open for
             // them).
@@ -619,7 +620,7 @@ impl Supervisor {
                         closed,
                         gate::Closed::Full { .. } | gate::Closed::Ramp { .. }
                     );
-                    if !slot_brings_fetch || worker_slots.full_of_reports(busy) {
+                    if !slot_brings_fetch || full_of_reports {
                         self.source.withdraw_offers();
                     }
                     if last_closed != Some(closed.name()) {

@@ -501,10 +501,9 @@ fn events(log: &Path) -> Vec<Event> {
 /// of a random 50–400 ms, 150 jobs of random lengths (0–150 ms, one in ten
 /// 600 ms, so that both slots are often taken longer than a hold and holds
 /// expire), created in a burst and then in trickles while the slots are
-/// busy. Violations: a moment with more
-/// than two workers, a job not run exactly once (start and end), a run
-/// that is not the first attempt (a hand-back counted one), a job not
-/// finished.
+/// busy. Violations: a moment with more than two workers, a job not run
+/// exactly once (start and end), a run that is not the first attempt (a
+/// hand-back counted one), a job not finished.
 #[test]
 fn under_random_load_the_cap_holds_and_every_job_runs_once_through_hand_backs() {
     let clock = std::time::UNIX_EPOCH

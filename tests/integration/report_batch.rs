@@ -177,17 +177,11 @@ fn a_batch_with_a_report_it_cannot_read_is_refused_whole_and_changes_nothing() {
 }
 
 /// Runs `count` jobs of a quick worker (each repeating an hour after it
-/// finished) through a supervisor with `max_workers`, and checks that each
-/// ran once and was finished (back in the queue with its worker's data).
-/// Then: the server's count of `POST` requests to each route, and the
-/// metrics text.
-fn quick_jobs_through(max_workers: usize, count: usize) -> (impl Fn(&str) -> f64, String) {
-    quick_jobs_with(max_workers, count, 0, &[])
-}
-
-/// [`quick_jobs_through`], each worker writing `stderr_bytes` to its
-/// stderr (which its report carries), the supervisor started with `extra`
-/// arguments.
+/// finished, and writing `stderr_bytes` to its stderr, which its report
+/// carries) through a supervisor with `max_workers` and `extra` arguments,
+/// and checks that each ran once and was finished (back in the queue with
+/// its worker's data). Then: the server's count of `POST` requests to each
+/// route, and the metrics text.
 pub fn quick_jobs_with(
     max_workers: usize,
     count: usize,
@@ -377,7 +371,7 @@ fn a_dequeue_with_a_report_it_cannot_read_is_refused_whole_and_claims_nothing() 
 #[test]
 fn a_supervisor_taking_one_job_at_a_time_sends_reports_with_its_fetches_and_loses_none() {
     let count = 12;
-    let (route, text) = quick_jobs_through(1, count);
+    let (route, text) = quick_jobs_with(1, count, 0, &[]);
     let alone = route("/jobs/{id}/finish") + route("/reports");
     assert!(
         alone < count as f64,
