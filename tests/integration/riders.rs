@@ -1,6 +1,8 @@
 //! A supervisor of several workers sending its reports with its fetches
 //! (`src/client/riders.rs`): behind a fetch on its way when jobs are
-//! waiting, and while its gate is closed at its ramp's ceiling.
+//! waiting, and while its gate is closed at its ramp's ceiling. Also a
+//! job's end told to the spawner with the next spawn request
+//! (`src/supervisor/spawner/mod.rs`).
 //!
 //! Not in the PostgreSQL pass of `.ci/run`: what is shown here is the
 //! supervisor's, whatever the store, and it needs a fetch answered within
@@ -8,6 +10,9 @@
 //! the rest of CI: 77 of 200 reports went by themselves there) only makes
 //! the reports go by themselves, as they did before; nothing is lost.
 
+use serde_json::{Value, json};
+
+use crate::common::*;
 use crate::report_batch::quick_jobs_with;
 
 #[test]
@@ -40,5 +45,66 @@ fn a_supervisor_at_its_ramps_ceiling_sends_its_reports_with_its_fetches() {
     assert!(
         alone < count as f64 / 4.0,
         "most reports went with a fetch ({alone} of {count} by themselves): {text}"
+    );
+}
+
+/// The supervisor's spawner: its child named `jobmgr-spawner`.
+fn spawner_of(sup: &Supervisor) -> u32 {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", sup.pid())).expect("its tasks");
+    tasks
+        .flatten()
+        .flat_map(|task| {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "jobmgr-spawner")
+        })
+        .expect("a spawner process")
+}
+
+/// How many times `pid` has gone to sleep (its voluntary context switches).
+fn sleeps(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("voluntary_ctxt_switches")
+}
+
+#[test]
+fn a_jobs_end_is_told_to_the_spawner_with_the_next_spawn_request() {
+    // The spawner sleeps until a request comes, while its clone waits for
+    // the worker's exec, and until a worker ends: three times a job. A
+    // job's end told by itself woke it a fourth time.
+    let server = Server::start();
+    let api = server.api();
+    let sup = Supervisor::builder(&server.url)
+        .worker("Quick", &sh("cat > /dev/null; echo '{\"ran\": true}'"))
+        .arg("--max-workers")
+        .arg("1")
+        .start();
+    let spawner = spawner_of(&sup);
+    let before = sleeps(spawner);
+    let count = 100;
+    let jobs: Vec<Value> = (0..count)
+        .map(|_| json!({"name": "Quick", "repeat": "FINISHED, +1 HOUR"}))
+        .collect();
+    let ids = api.create_batch(jobs);
+    wait_for("every job to be finished once", &sup, || {
+        ids.iter()
+            .all(|id| api.job(*id)["data"]["ran"] == true)
+            .then_some(())
+    });
+    let per_job = (sleeps(spawner) - before) as f64 / count as f64;
+    assert!(
+        per_job < 3.5,
+        "the spawner slept {per_job} times a job (3 when a job's end rides with the next request, 4 when it goes alone)"
     );
 }

@@ -21,7 +21,8 @@
 //! pipes (and its Landlock ruleset) as `SCM_RIGHTS`; the spawner answers
 //! with the worker's pid, then its wait status when it ends. A task of the
 //! supervisor's runtime reads the answers and hands them to the waiting
-//! jobs.
+//! jobs. A job's end, which lets the spawner forget it, goes just after
+//! the next request (see `Spawner::forget`).
 //! Signals (timeouts, kills) still go straight from the supervisor to the
 //! worker's process group and cgroup.
 
@@ -81,6 +82,7 @@ pub fn start() -> io::Result<()> {
                 pid: child.as_raw(),
                 next: AtomicU64::new(1),
                 pending: Mutex::new(HashMap::new()),
+                ended: Mutex::new(Vec::new()),
                 gone: AtomicBool::new(false),
                 reader: std::sync::Once::new(),
             };
@@ -101,6 +103,10 @@ pub fn get() -> Option<&'static Spawner> {
     (!spawner.gone.load(Ordering::SeqCst)).then_some(spawner)
 }
 
+/// At most this many ended jobs wait to be told to the spawner: past it,
+/// they are told at once (a supervisor whose jobs end with none starting).
+const ENDED_HELD: usize = 64;
+
 /// Someone waiting on the spawner.
 enum Pending {
     Worker {
@@ -116,6 +122,10 @@ pub struct Spawner {
     pid: i32,
     next: AtomicU64,
     pending: Mutex<HashMap<u64, Pending>>,
+    /// Jobs whose processes are gone, for the spawner to forget: told
+    /// with the next request rather than each by itself, so that the
+    /// spawner wakes once a job fewer (see `Spawner::forget`).
+    ended: Mutex<Vec<u64>>,
     gone: AtomicBool,
     /// Starts the reply reader, a task of the async runtime: a reply wakes
     /// its job's task on the runtime's own threads, with no hand-off from
@@ -185,6 +195,7 @@ impl Spawner {
             self.lock().remove(&id);
             return Err(error);
         }
+        self.tell_ended();
         match started_rx.await {
             Ok(Ok(pid)) => Ok(SpawnedWorker {
                 spawner: self,
@@ -213,6 +224,7 @@ impl Spawner {
             self.lock().remove(&id);
             return Err(error);
         }
+        self.tell_ended();
         let status = done_rx.blocking_recv().map_err(|_| gone())?;
         if status < 0 {
             return Err(io::Error::from_raw_os_error(-status));
@@ -223,6 +235,35 @@ impl Spawner {
             )));
         }
         Ok(())
+    }
+
+    /// The job `id`'s processes are gone, or killed: the spawner may forget
+    /// it. It is told just after the next request, which the spawner is
+    /// still busy with when it arrives, so that one wake of the spawner
+    /// reads both. Told by itself, a job's end woke the spawner a fourth
+    /// time a job (its request, its clone's wait for the exec and its
+    /// worker's exit are the other three); told just before the request,
+    /// it often woke the spawner before the request came. Until it is told,
+    /// the spawner still holds the job: should the supervisor die, it kills
+    /// the job's process group if its worker is not yet reaped, and its
+    /// cgroups if they are still there, as it would for a running job.
+    fn forget(&self, id: u64) {
+        let held = {
+            let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+            ended.push(id);
+            ended.len()
+        };
+        if held >= ENDED_HELD {
+            self.tell_ended();
+        }
+    }
+
+    /// Tells the spawner every job it may forget.
+    fn tell_ended(&self) {
+        let ended = std::mem::take(&mut *self.ended.lock().unwrap_or_else(|e| e.into_inner()));
+        for id in ended {
+            let _ = self.send(&Request::Ended { id }, &[]);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Pending>> {
@@ -443,6 +484,6 @@ impl Drop for SpawnedWorker {
             super::process::kill_group(self.pid as u32, nix::sys::signal::Signal::SIGKILL);
         }
         self.spawner.lock().remove(&self.id);
-        let _ = self.spawner.send(&Request::Ended { id: self.id }, &[]);
+        self.spawner.forget(self.id);
     }
 }
