@@ -176,6 +176,25 @@ fn a_batch_with_a_report_it_cannot_read_is_refused_whole_and_changes_nothing() {
     assert_eq!(api.state(id(&jobs[0])).as_deref(), Some("RUNNING"));
 }
 
+/// Creates `count` jobs of the `Quick` worker (repeating, so that each
+/// stays to be looked at) and waits until each has run once, its data
+/// saying so: their ids.
+pub fn run_quick_jobs(api: &Api, sup: &Supervisor, count: usize) -> Vec<i64> {
+    let jobs: Vec<Value> = (0..count)
+        .map(|_| json!({"name": "Quick", "repeat": "FINISHED, +1 HOUR"}))
+        .collect();
+    let ids = api.create_batch(jobs);
+    wait_for("every job to be finished once", sup, || {
+        ids.iter()
+            .all(|id| {
+                let job = api.job(*id);
+                job["state"] == "QUEUED" && job["data"]["ran"] == true
+            })
+            .then_some(())
+    });
+    ids
+}
+
 /// Runs `count` jobs of a quick worker (each repeating an hour after it
 /// finished, and writing `stderr_bytes` to its stderr, which its report
 /// carries) through a supervisor with `max_workers` and `extra` arguments,
@@ -206,18 +225,7 @@ pub fn quick_jobs_with(
         sup = sup.arg(arg);
     }
     let sup = sup.start();
-    let jobs: Vec<Value> = (0..count)
-        .map(|_| json!({"name": "Quick", "repeat": "FINISHED, +1 HOUR"}))
-        .collect();
-    let ids = api.create_batch(jobs);
-    wait_for("every job to be finished once", &sup, || {
-        ids.iter()
-            .all(|id| {
-                let job = api.job(*id);
-                job["state"] == "QUEUED" && job["data"]["ran"] == true
-            })
-            .then_some(())
-    });
+    let ids = run_quick_jobs(&api, &sup, count);
     for id in &ids {
         assert_eq!(api.outcomes(*id), vec!["finished"], "job {id}");
     }

@@ -10,10 +10,8 @@
 //! the rest of CI: 77 of 200 reports went by themselves there) only makes
 //! the reports go by themselves, as they did before; nothing is lost.
 
-use serde_json::{Value, json};
-
 use crate::common::*;
-use crate::report_batch::quick_jobs_with;
+use crate::report_batch::{quick_jobs_with, run_quick_jobs};
 
 #[test]
 fn a_supervisor_of_several_workers_sends_its_reports_with_its_fetches_under_a_backlog() {
@@ -93,15 +91,7 @@ fn a_jobs_end_is_told_to_the_spawner_with_the_next_spawn_request() {
     let spawner = spawner_of(&sup);
     let before = sleeps(spawner);
     let count = 100;
-    let jobs: Vec<Value> = (0..count)
-        .map(|_| json!({"name": "Quick", "repeat": "FINISHED, +1 HOUR"}))
-        .collect();
-    let ids = api.create_batch(jobs);
-    wait_for("every job to be finished once", &sup, || {
-        ids.iter()
-            .all(|id| api.job(*id)["data"]["ran"] == true)
-            .then_some(())
-    });
+    run_quick_jobs(&api, &sup, count);
     let per_job = (sleeps(spawner) - before) as f64 / count as f64;
     assert!(
         per_job < 3.5,

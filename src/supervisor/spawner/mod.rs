@@ -249,7 +249,7 @@ impl Spawner {
     /// cgroups if they are still there, as it would for a running job.
     fn forget(&self, id: u64) {
         let held = {
-            let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+            let mut ended = self.ended();
             ended.push(id);
             ended.len()
         };
@@ -260,10 +260,14 @@ impl Spawner {
 
     /// Tells the spawner every job it may forget.
     fn tell_ended(&self) {
-        let ended = std::mem::take(&mut *self.ended.lock().unwrap_or_else(|e| e.into_inner()));
+        let ended = std::mem::take(&mut *self.ended());
         for id in ended {
             let _ = self.send(&Request::Ended { id }, &[]);
         }
+    }
+
+    fn ended(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Pending>> {
@@ -415,7 +419,7 @@ impl Spawner {
                     pending.remove(&id);
                     drop(pending);
                     super::process::kill_group(pid as u32, nix::sys::signal::Signal::SIGKILL);
-                    let _ = self.send(&Request::Ended { id }, &[]);
+                    self.forget(id);
                 }
             }
             Reply::NotStarted { id, errno } => {
