@@ -183,9 +183,51 @@ pub async fn verify(
                 .join(" and ")
         ));
     };
-    let cannot = |why: String| failed(format!("cannot reach {url}: {why}"));
+    // The list as the supervisor's start reads it (a bad list is refused
+    // the same way), then each server of it on its own: a failover list
+    // answers through its first live server, which would hide the dead.
+    let servers: Vec<&str> = if url.contains(',') {
+        if let Ok(whole) = client_token(plan, token, url) {
+            super::supervise::connect(url, whole, ca_cert)?;
+        }
+        url.split(',').map(|s| s.trim().trim_end_matches('/')).collect()
+    } else {
+        vec![url]
+    };
+    let checks = servers
+        .iter()
+        .map(|server| verify_server(plan, token, ca_cert, server));
+    let answers = futures_util::future::join_all(checks).await;
+    let (reached, unreached): (Vec<_>, Vec<_>) = answers.into_iter().partition(Result::is_ok);
+    let reached: Vec<String> = reached.into_iter().flatten().collect();
+    let unreached: Vec<String> = unreached.into_iter().filter_map(Result::err).collect();
+    if unreached.is_empty() {
+        return Ok(reached.join("; "));
+    }
+    let mut why = unreached.join("; ");
+    if !reached.is_empty() {
+        why.push_str(&format!(
+            " ({} of {} servers failed; {})",
+            unreached.len(),
+            servers.len(),
+            reached.join("; ")
+        ));
+    }
+    Err(failed(why))
+}
+
+/// Asks one server of `--server` an authenticated question: what it
+/// answered, or `cannot reach URL: why`.
+async fn verify_server(
+    plan: &Plan,
+    token: Option<&str>,
+    ca_cert: Option<&Path>,
+    url: &str,
+) -> Result<String, String> {
+    let cannot = |why: String| format!("cannot reach {url}: {why}");
     let token = client_token(plan, token, url).map_err(|e| cannot(e.to_string()))?;
-    let source: Arc<dyn JobSource> = super::supervise::connect(url, token, ca_cert)?;
+    let source: Arc<dyn JobSource> =
+        super::supervise::connect(url, token, ca_cert).map_err(|e| cannot(e.to_string()))?;
     match tokio::time::timeout(VERIFY_TIMEOUT, source.exists(1)).await {
         Err(_) => Err(cannot(format!(
             "no answer within {}s",

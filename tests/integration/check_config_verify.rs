@@ -160,6 +160,57 @@ fn an_unreachable_server_or_a_wrong_token_fails_with_exit_1() {
 }
 
 #[test]
+fn check_config_checks_each_server_of_a_list_and_names_the_dead_ones() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let workers = d.display().to_string();
+    let nowhere = format!("http://{}", closed_port());
+    let token = token();
+    // The live server first: the list's failover answers through it, and
+    // the dead one behind it must still be found.
+    let list = format!("{},{nowhere}", server.url);
+    let (code, out, err) = check_config(
+        d,
+        &["--worker-path", &workers, "--server", &list],
+        &[("JOBMGR_TOKEN", token)],
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains(&format!("cannot reach {nowhere}")), "{err}");
+    assert!(err.contains("1 of 2 servers failed"), "{err}");
+    assert!(
+        err.contains(&format!("{}: reached", server.url)),
+        "the live one is named as reached: {err}"
+    );
+    // Both alive: each is named as reached.
+    let other = Server::start();
+    let list = format!("{},{}", server.url, other.url);
+    let (code, out, err) = check_config(
+        d,
+        &["--worker-path", &workers, "--server", &list],
+        &[("JOBMGR_TOKEN", token)],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    for url in [&server.url, &other.url] {
+        assert!(out.contains(&format!("{url}: reached")), "{url}: {out}");
+    }
+    // Hostile lists are refused as the supervisor's start refuses them.
+    for bad in [
+        format!("{},", server.url),
+        format!("{0},{0}", server.url),
+        format!("{},bedrock://{}", server.url, server.bedrock),
+    ] {
+        let (code, out, err) = check_config(
+            d,
+            &["--worker-path", &workers, "--server", &bad],
+            &[("JOBMGR_TOKEN", token)],
+        );
+        assert_eq!(code, 2, "{bad}: {out}{err}");
+        assert!(err.contains("error: bad server"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn the_embedded_server_needs_a_writable_store_and_free_ports() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
