@@ -300,7 +300,15 @@ impl Totals {
     }
 }
 
-/// `jobmgr failures`.
+/// Nothing found in a failure group: exit 3, saying where the groups are.
+fn no_failed_jobs(group: &str) -> CliError {
+    CliError::NotFound(format!(
+        "no FAILED job in the failure group {group:?} (`jobmgr failures` lists the groups)"
+    ))
+}
+
+/// `jobmgr failures`: the groups, or one group's jobs (exit 3 when it has
+/// none), or its jobs retried or deleted (exit 3 when none was).
 pub async fn failures(args: FailuresArgs) -> Result<(), CliError> {
     let (client, format) = client(&args.connection)?;
     let Some(group) = args.group else {
@@ -343,23 +351,32 @@ pub async fn failures(args: FailuresArgs) -> Result<(), CliError> {
                 Duration::from_secs(120),
             )
             .await?;
+        let count = answer[done].as_u64().unwrap_or(0);
         match format {
             Format::Json => print_value(&answer),
             Format::Text => println!(
                 "{done} {} of {group}",
-                super::output::count(answer[done].as_u64().unwrap_or(0), "job", "jobs")
+                super::output::count(count, "job", "jobs")
             ),
         }
-        return Ok(());
+        return if count == 0 {
+            Err(no_failed_jobs(&group))
+        } else {
+            Ok(())
+        };
     }
     let limit = args.count.map(|c| c.to_string());
     let query = query(&[("limit", limit)])?;
     let answer = client
         .quick(Method::GET, &format!("{path}?{query}"), None)
         .await?;
+    let jobs = answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    if jobs.is_empty() {
+        return Err(no_failed_jobs(&group));
+    }
     match format {
         Format::Json => print_value(&answer),
-        Format::Text => print_failed(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[])),
+        Format::Text => print_failed(jobs),
     }
     Ok(())
 }

@@ -190,7 +190,9 @@ pub async fn verify(
         if let Ok(whole) = client_token(plan, token, url) {
             super::supervise::connect(url, whole, ca_cert)?;
         }
-        url.split(',').map(|s| s.trim().trim_end_matches('/')).collect()
+        url.split(',')
+            .map(|s| s.trim().trim_end_matches('/'))
+            .collect()
     } else {
         vec![url]
     };

@@ -549,6 +549,35 @@ fn a_failure_group_is_listed_retried_and_deleted_in_bulk() {
 }
 
 #[test]
+fn failures_of_a_group_with_no_failed_job_exit_3() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({"name": "Crashes"}));
+    let held = api.dequeue(json!({"name": "Crashes", "leaseMs": 60_000}));
+    let (status, _) = api.post(
+        &format!("/jobs/{id}/fail"),
+        json!({"lease": held[0]["lease"], "run": {"exitCode": 3}}),
+    );
+    assert_eq!(status, 200);
+    // A group with a job: listed, exit 0.
+    let (code, text, stderr) = client_command(&server, &["failures", "exit:3"]);
+    assert_eq!(code, 0, "{text}{stderr}");
+    // A group without one, listed or acted on: nothing found, exit 3,
+    // saying where the groups are, in either format.
+    for args in [
+        &["failures", "NOSUCH"][..],
+        &["failures", "NOSUCH", "--format", "text"],
+        &["failures", "NOSUCH", "--retry"],
+        &["failures", "NOSUCH", "--delete"],
+    ] {
+        let (code, text, stderr) = client_command(&server, args);
+        assert_eq!(code, 3, "{args:?}: {text}{stderr}");
+        assert!(stderr.contains("jobmgr failures"), "{args:?}: {stderr}");
+    }
+    assert_eq!(api.state(id).as_deref(), Some("FAILED"), "untouched");
+}
+
+#[test]
 fn failures_are_grouped_by_timeout_and_missing_worker() {
     let server = Server::start();
     let api = server.api();
