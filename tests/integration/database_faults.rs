@@ -120,6 +120,33 @@ fn a_server_that_loses_its_database_answers_503_loses_nothing_and_recovers() {
 }
 
 #[test]
+fn healthz_recovers_by_itself_once_the_database_is_back() {
+    let database = Arc::new(TestDatabase::create());
+    let proxy = FaultProxy::start("127.0.0.1:5432");
+    let server = Server::builder()
+        .on_database_at(&database, &via(&database, &proxy))
+        .start();
+    let api = server.api();
+    proxy.cut();
+    poll("a create to be refused while the database is gone", || {
+        let (status, _) = api.post("/jobs", json!({"name": "outage/refused"}));
+        (status == 503).then_some(())
+    });
+    let (status, health) = api.get("/healthz");
+    assert_eq!(
+        (status, &health["status"]),
+        (503, &json!("failing")),
+        "{health}"
+    );
+    // Back, and no client writes: the server's own probe says so.
+    proxy.restore();
+    poll("healthz to say ok with no client write", || {
+        let (status, health) = api.get("/healthz");
+        (status == 200 && health["status"] == "ok").then_some(())
+    });
+}
+
+#[test]
 fn a_server_that_lost_its_database_is_woken_by_other_servers_again_once_it_is_back() {
     let database = Arc::new(TestDatabase::create());
     let proxy = FaultProxy::start("127.0.0.1:5432");

@@ -8,11 +8,14 @@ use serde_json::json;
 
 use crate::common::*;
 
-#[test]
-fn healthz_says_ok_while_every_write_fails_with_enospc() {
+/// A server (in a mount namespace of its own, its store on a 1 MiB tmpfs)
+/// whose store has filled the tmpfs, once `/healthz` says it is failing:
+/// the server, the tmpfs's mount point (in the server's namespace), its
+/// API and the directory that holds it. `None` (the test skips) unless root.
+fn server_on_a_full_tmpfs() -> Option<(ChildGuard, std::path::PathBuf, Api, tempfile::TempDir)> {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let stderr_path = dir.path().join("stderr");
@@ -82,4 +85,46 @@ fn healthz_says_ok_while_every_write_fails_with_enospc() {
         reason.contains("full"),
         "the reason names the full disk: {health}"
     );
+    Some((child, mount, api, dir))
+}
+
+#[test]
+fn healthz_says_ok_while_every_write_fails_with_enospc() {
+    // The name is the old defect's: /healthz now says failing.
+    server_on_a_full_tmpfs();
+}
+
+#[test]
+fn healthz_recovers_by_itself_once_a_full_disk_is_freed() {
+    let Some((mut child, mount, api, _dir)) = server_on_a_full_tmpfs() else {
+        return;
+    };
+    // While the disk stays full, the server's own probes (every 2 s)
+    // cannot write either: still failing after several of them.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let (status, health) = api.get("/healthz");
+    assert_eq!(status, 503, "still full: {health}");
+    // The disk grows (in the server's own mount namespace); no client
+    // writes, and /healthz says ok by itself.
+    let pid = child.child().id().to_string();
+    let grown = Command::new("nsenter")
+        .args([
+            "--target",
+            &pid,
+            "--mount",
+            "mount",
+            "-o",
+            "remount,size=8m",
+        ])
+        .arg(&mount)
+        .status()
+        .expect("nsenter");
+    assert!(grown.success(), "remounting the tmpfs larger");
+    poll("healthz to say ok with no client write", || {
+        let (status, health) = api.get("/healthz");
+        (status == 200 && health["status"] == "ok").then_some(())
+    });
+    // And the store takes writes again.
+    let (status, answer) = api.post("/jobs", json!({"name": "after"}));
+    assert_eq!(status, 200, "{answer}");
 }

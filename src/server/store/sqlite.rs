@@ -251,7 +251,15 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 /// runs each in a savepoint of one transaction, commits once, then answers
 /// them all. Answers wait for the commit, so an acknowledged write is durable.
 fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>, health: &WriteHealth) {
-    while let Ok(first) = receiver.recv() {
+    use super::write_health::{Next, next};
+    while let Some(step) = next(&receiver, health) {
+        let first = match step {
+            Next::Run(op) => op,
+            Next::Probe => {
+                probe(&conn, health);
+                continue;
+            }
+        };
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match receiver.try_recv() {
@@ -276,6 +284,38 @@ fn run_group(conn: &Connection, group: Vec<WriteOp>, health: &WriteHealth) {
             health.failed(reason);
         }
     }
+}
+
+/// The bytes a failing store's probe writes: a job with this much data
+/// fits once the probe commits.
+const PROBE_BYTES: usize = 64 * 1024;
+
+/// A failing store's own write: [`PROBE_BYTES`] written again in a table
+/// of its own (made here, the first time a store fails: not part of the
+/// schema, so that its version is not changed), committed durably as any
+/// change. Healthy again if it commits.
+fn probe(conn: &Connection, health: &WriteHealth) {
+    let written = (|| {
+        run_cached(conn, "BEGIN IMMEDIATE")?;
+        let result = conn
+            .execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, pad BLOB NOT NULL);
+                 INSERT OR REPLACE INTO store_probe (id, pad) VALUES (1, zeroblob({PROBE_BYTES}));"
+            ))
+            .and_then(|()| run_cached(conn, "COMMIT"));
+        if result.is_err() && !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        result
+    })();
+    match written {
+        Ok(()) => {
+            tracing::info!("the job store can write again");
+            health.committed();
+        }
+        Err(error) => health.failed(error.to_string()),
+    }
+    super::write_health::take_noted();
 }
 
 /// Runs operations from the front of `waiting` in one transaction and

@@ -1,10 +1,15 @@
 //! Whether the store can write, for `/healthz`: the outcome of the last
 //! write transaction that tried to change something. A full disk, an I/O
 //! error or a read-only file marks the store failing, with SQLite's reason;
-//! the next transaction that commits a change marks it healthy again.
+//! the next transaction that commits a change marks it healthy again. While
+//! it fails, the writer probes by itself every [`PROBE_EVERY`] (a small
+//! write of its own, see [`next`]), so that a disk freed or a database back
+//! shows healthy again without waiting for a client's write.
 
 use std::cell::RefCell;
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rusqlite::ErrorCode;
 
@@ -53,5 +58,31 @@ impl WriteHealth {
     /// Why writes fail, while they do.
     pub fn failure(&self) -> Option<String> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// How often a failing store's writer tries a write of its own.
+pub(super) const PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// What a store's writer does next.
+pub(super) enum Next<T> {
+    /// Runs this operation.
+    Run(T),
+    /// Tries a small write of its own: the store fails, and nothing came
+    /// for [`PROBE_EVERY`].
+    Probe,
+}
+
+/// The writer's next step: the next operation, or, while the store fails
+/// and none comes for [`PROBE_EVERY`], a probe; `None` once the queue is
+/// closed.
+pub(super) fn next<T>(receiver: &mpsc::Receiver<T>, health: &WriteHealth) -> Option<Next<T>> {
+    if health.failure().is_none() {
+        return receiver.recv().ok().map(Next::Run);
+    }
+    match receiver.recv_timeout(PROBE_EVERY) {
+        Ok(op) => Some(Next::Run(op)),
+        Err(mpsc::RecvTimeoutError::Timeout) => Some(Next::Probe),
+        Err(mpsc::RecvTimeoutError::Disconnected) => None,
     }
 }

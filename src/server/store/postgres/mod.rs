@@ -333,8 +333,12 @@ impl Writer {
     /// Runs each queued operation in a transaction of its own, and answers
     /// it once the transaction has ended.
     fn run(mut self, receiver: mpsc::Receiver<WriteOp>) {
-        while let Ok(op) = receiver.recv() {
-            self.run_one(op);
+        use super::write_health::{Next, next};
+        while let Some(step) = next(&receiver, &self.health) {
+            match step {
+                Next::Run(op) => self.run_one(op),
+                Next::Probe => self.probe(),
+            }
         }
         tracing::debug!("job store writer stopped");
     }
@@ -379,6 +383,32 @@ impl Writer {
                 .map_err(|e| pg_error(&e))?;
         }
         self.connection()
+    }
+
+    /// A failing store's own write: a transaction given an id, whose
+    /// commit the database writes durably, as any change. Healthy again if
+    /// it commits.
+    fn probe(&mut self) {
+        let written = self.begin().and_then(|conn| {
+            conn.client
+                .batch_execute("SELECT txid_current(); COMMIT")
+                .map_err(|e| pg_error(&e))
+        });
+        match written {
+            Ok(()) => {
+                tracing::info!("the job store can write again");
+                self.health.committed();
+            }
+            Err(error) => {
+                if let Some(conn) = self.conn.as_mut() {
+                    let _ = conn.client.batch_execute("ROLLBACK");
+                    if conn.client.is_closed() {
+                        self.conn = None;
+                    }
+                }
+                self.health.failed(error.to_string());
+            }
+        }
     }
 
     fn run_one(&mut self, op: WriteOp) {
