@@ -184,6 +184,10 @@ fn describe() {
         "jobmgr_lease_renewals_total",
         "Lease renewals, by result (ok, lost, failed)"
     );
+    describe_counter!(
+        "jobmgr_reports_sent_total",
+        "Reports of ended jobs answered by the server, by the way they went (fetch: with a fetch; batch: with other reports; alone)"
+    );
     describe_gauge!(
         "jobmgr_server_waiters",
         "Job server: GetJob requests waiting"
@@ -318,6 +322,12 @@ pub fn output_truncated() {
 /// Records a SIGKILL after SIGTERM.
 pub fn kill_escalated() {
     counter!("jobmgr_kill_escalations_total").increment(1);
+}
+
+/// Records a report the server answered, and the way it went: `fetch`
+/// (riding on a fetch), `batch` (with other reports) or `alone`.
+pub fn report_sent(way: &'static str) {
+    counter!("jobmgr_reports_sent_total", "way" => way).increment(1);
 }
 
 /// Records a lease renewal: `ok`, `lost` or `failed`.

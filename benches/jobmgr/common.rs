@@ -384,11 +384,15 @@ impl SupervisorProcess {
             .arg("--loadavg-path")
             .arg(d.join("loadavg"))
             .args(["--min-memory", "0", "--max-load", "1000"])
-            .args(["--ramp", "100000", "--max-workers"])
+            .arg("--max-workers")
             .arg(spec.max_workers.to_string())
             .args(&spec.args)
             .env("JOBMGR_LOG", "warn")
             .stdin(Stdio::null());
+        // No start-up ramp unless the measure asks for one.
+        if !spec.args.iter().any(|a| a == "--ramp") {
+            command.args(["--ramp", "100000"]);
+        }
         // Workers run as the supervisor's own user unless the measure asks
         // for the full sandbox (as root: a uid of each job's own).
         if !spec.args.iter().any(|a| a == "--user") {

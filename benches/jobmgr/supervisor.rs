@@ -350,6 +350,116 @@ fn throughput(
     }
 }
 
+/// How reports reached the server in one run of `count` compiled no-op
+/// jobs, in % (with a fetch, with other reports, alone), and how many times
+/// the spawner slept a job.
+struct Ways {
+    fetch: f64,
+    batch: f64,
+    alone: f64,
+    spawner_sleeps: f64,
+}
+
+/// How many times `pid` has gone to sleep (its voluntary context switches).
+fn sleeps(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn ways(workers: &Workers, count: usize, max_workers: usize, extra: &[&str]) -> Ways {
+    let server = ServerProcess::start();
+    let client = crate::common::client();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let mut marks = Marks::new(scratch.path().join("marks"));
+    let mut args: Vec<String> = ["--metrics", "127.0.0.1:0"].map(String::from).to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let supervisor = SupervisorProcess::start(SupervisorSpec {
+        server: Some(&server.url),
+        workers: workers.path(),
+        max_workers,
+        args: env_args(&marks.path, &args),
+    });
+    let metrics = field(&supervisor.ready, "metrics");
+    let spawner = supervisor.helpers().first().copied();
+    let slept = spawner.map_or(0.0, sleeps);
+    create_batch(&client, &server.url, "bench/Noop", count);
+    marks.wait_count(count, Duration::from_secs(600));
+    let spawner_sleeps = spawner.map_or(0.0, |pid| (sleeps(pid) - slept) / count as f64);
+    // The last reports land just after the last worker ran.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = client
+            .get(format!("http://{metrics}/metrics"))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_default();
+        if total(&text, "jobmgr_reports_sent_total") >= count as f64 || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let way = |way: &str| {
+        sample(
+            &text,
+            "jobmgr_reports_sent_total",
+            &[&format!("way=\"{way}\"")],
+        )
+        .unwrap_or(0.0)
+            * 100.0
+            / count as f64
+    };
+    Ways {
+        fetch: way("fetch"),
+        batch: way("batch"),
+        alone: way("alone"),
+        spawner_sleeps,
+    }
+}
+
+/// The section on how reports reach the server: the share that rides on
+/// a fetch (none a request of its own), that goes with other reports, and
+/// alone, under a backlog at N = 1, 4 and 8 and at a start-up ramp's
+/// ceiling, and the spawner's sleeps a job.
+fn report_ways(workers: &Workers, scale: Scale) -> String {
+    let count = scale.throughput_jobs;
+    let mut out = String::from("\n## How reports reach the server\n\n");
+    out.push_str(&format!(
+        "{count} compiled no-op jobs queued on a fresh `jobmgr server`, run by a supervisor with `--metrics`; the shares are its `jobmgr_reports_sent_total{{way=…}}` over the jobs: *with a fetch* rode on a `POST /dequeue` (no request of its own), *batched* went in a `POST /reports` with others, *alone* to its own endpoint. A report rides when a fetch follows its freed slot, or one on its way under a backlog answers, within 50 ms: so these shares depend on the machine's speed and load, and are figures here, never assertions in a test (the tests assert that each report is answered once, whichever way it went). The ramp row starts at one worker and adds one a second (`--ramp 1`, `--max-workers 100`), so its gate stays closed at the ramp's ceiling. Spawner sleeps are its voluntary context switches a job, over the run (a job's end told with the next spawn request saves one a job; several requests read in one wake at N > 1 save more). {} runs each; median (min–max).\n\n",
+        scale.repeats
+    ));
+    out.push_str(
+        "| case | with a fetch % | batched % | alone % | spawner sleeps/job |\n| --- | --- | --- | --- | --- |\n",
+    );
+    let cases: [(&str, usize, &[&str]); 4] = [
+        ("backlog, N = 1", 1, &[]),
+        ("backlog, N = 4", 4, &[]),
+        ("backlog, N = 8", 8, &[]),
+        (
+            "ramp's ceiling (`--ramp 1`, N = 100)",
+            100,
+            &["--ramp", "1"],
+        ),
+    ];
+    for (label, max_workers, extra) in cases {
+        let runs: Vec<Ways> = (0..scale.repeats)
+            .map(|_| ways(workers, count, max_workers, extra))
+            .collect();
+        let column = |f: fn(&Ways) -> f64, decimals| spread(runs.iter().map(f).collect(), decimals);
+        out.push_str(&format!(
+            "| {label} | {} | {} | {} | {} |\n",
+            column(|w| w.fetch, 0),
+            column(|w| w.batch, 0),
+            column(|w| w.alone, 0),
+            column(|w| w.spawner_sleeps, 2),
+        ));
+    }
+    out
+}
+
 /// The report's supervisor sections (the footprint only if `footprint`).
 pub fn report(scale: Scale, footprint: bool) -> String {
     let mut out = String::new();
@@ -487,6 +597,8 @@ pub fn report(scale: Scale, footprint: bool) -> String {
         "\n**What limits it.** Every process here shares {cores:.0} cores, so jobs/s can be no more than cores ÷ (CPU per job). At N = 8 with the compiled worker, a job costs {supervisor_ms:.2} ms of supervisor CPU, {server_ms:.2} ms of server CPU (its claim and its report, each a request and a durable commit that jobs share under load: a batch of hand-outs per dequeue, reports riding on the fetches or sent together) and about {worker_ms:.2} ms for the fork/exec/wait itself (one raw spawn at N = 1): at most {cpu_bound:.0} jobs/s on this machine, of which the measured {rate:.0} jobs/s is {:.0} %. The raw spawn rate has none of the lease, the scratch directory, the pipes, the sandbox (a cgroup per job when run as root), the report or the server, so the raw rate cannot be met with the server on the same cores. Workers are started by the spawner, a single-threaded process forked before the supervisor's runtime, so a fork no longer copies the runtime's page tables; profiling the supervisor and its spawner (`perf record -g` during this measure) puts most of what is left in the kernel: the job's scratch directory and cgroup (`mkdir`, `rmdir`), the spawner's `clone`, and switches between the runtime's threads. BENCHMARKS.md's section on the spawn path has the measures of each step.\n",
         rate / cpu_bound * 100.0
     ));
+
+    out.push_str(&report_ways(&workers, scale));
 
     if !footprint {
         return out;

@@ -131,6 +131,16 @@ fn report_body(lease: Option<&str>, report: &Report) -> serde_json::Map<String, 
 }
 
 /// What the server's answer to job `id`'s report means.
+/// Counts a report the server answered (taken, or refused with a reason:
+/// not one that never reached it, which is sent again) by the `way` it
+/// went.
+fn counted(way: &'static str, sent: Result<Value, ClientError>) -> Result<Value, ClientError> {
+    if matches!(sent, Ok(_) | Err(ClientError::Api { .. })) {
+        crate::metrics::report_sent(way);
+    }
+    sent
+}
+
 fn reported(id: JobId, sent: Result<Value, ClientError>) -> Result<(), SourceError> {
     match sent {
         Ok(_) => Ok(()),
@@ -421,7 +431,7 @@ impl JobSource for HttpSource {
             if let Some(answer) = self.riders.answer_of(id) {
                 let answered = answer_within(answer, RIDE_WAIT, || self.riders.leave(id)).await;
                 if let Some(Sent::Answered(sent)) = answered {
-                    return reported(id, sent);
+                    return reported(id, counted("fetch", sent));
                 }
             }
             let plain = report_body(lease, report);
@@ -436,13 +446,13 @@ impl JobSource for HttpSource {
                         let answered =
                             answer_within(answer, MAX_WAIT, || self.batch.leave(id)).await;
                         if let Some(Sent::Answered(sent)) = answered {
-                            return reported(id, sent);
+                            return reported(id, counted("batch", sent));
                         }
                     }
                 }
             }
             let sent = self.report_alone(id, report.kind(), plain, run).await;
-            reported(id, sent)
+            reported(id, counted("alone", sent))
         })
     }
 

@@ -842,6 +842,15 @@ pub fn sample(text: &str, series: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The sum of every sample of `series`, whatever its labels.
+pub fn total(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| line.starts_with(series) && line[series.len()..].starts_with(['{', ' ']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A `kB` field of `/proc/PID/status` (`VmRSS`, `VmHWM`, …), in KiB.
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
