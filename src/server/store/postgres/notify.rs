@@ -112,8 +112,15 @@ pub struct Announcements {
 }
 
 impl Announcements {
-    /// Starts listening on a connection of its own.
-    pub(super) fn listen(config: postgres::Config, clock: Arc<DatabaseClock>) -> Self {
+    /// Starts listening on a connection of its own. Its `application_name`
+    /// is the others' with ` listener` after it (`jobmgr listener` by
+    /// default), to tell it apart in `pg_stat_activity`.
+    pub(super) fn listen(mut config: postgres::Config, clock: Arc<DatabaseClock>) -> Self {
+        let name = format!(
+            "{} listener",
+            config.get_application_name().unwrap_or("jobmgr")
+        );
+        config.application_name(&name);
         let origin = rand::random::<u64>();
         let (sender, receiver) = mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
