@@ -40,6 +40,7 @@ mod job_uids;
 mod leases;
 mod ledger;
 mod lifecycle;
+mod listener_faults;
 mod local_auth;
 mod lockout;
 mod log_hygiene;
