@@ -29,6 +29,7 @@ mod failover;
 mod fetch_ahead;
 mod handback;
 mod harness;
+mod held_rows;
 mod help;
 mod hostile;
 mod hostile_workers;
