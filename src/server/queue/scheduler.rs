@@ -2,7 +2,9 @@
 //! becomes due or a lease lapses (as the store and later commits report it),
 //! then lapses expired leases and wakes the waiters for the jobs that became
 //! due since it last looked. It never polls: with nothing scheduled it sleeps
-//! until a commit schedules something.
+//! until a commit schedules something. A lapse it could not act on (on a
+//! store shared with other servers, the job's row is held by another
+//! transaction and skipped) is tried again a little later, not at once.
 //!
 //! Only this task lapses leases, but a forward step of the wall clock is
 //! made up for before any write, this task's included (see `steps`).
@@ -15,6 +17,12 @@ use crate::protocol::Timestamp;
 
 /// The most jobs named in one wake-up; past it, every waiter is woken.
 const MAX_NAMED: usize = 4096;
+
+/// How soon the timer looks again at a lease that lapsed but that its look
+/// could not lapse: its row is held by another transaction (another server
+/// lapsing it, a report of its holder, anything that locked it) until that
+/// ends, and looking again at once would only spin.
+const HELD_LAPSE_RETRY_MS: i64 = 250;
 
 /// Runs until the queue shuts down.
 pub(super) async fn run(queue: Queue) {
@@ -97,13 +105,16 @@ pub(super) async fn run(queue: Queue) {
 }
 
 /// Lapses expired leases, wakes waiters for jobs due in `(last, now]`, and
-/// finds the next moment to wake. Returns `now` and that moment.
+/// finds the next moment to wake. Returns `now` and that moment: a moment
+/// already past that this look lapsed nothing for is a lapse held by
+/// another transaction, looked at again [`HELD_LAPSE_RETRY_MS`] later.
 async fn tick(queue: &Queue, last: Timestamp) -> Result<(Timestamp, Option<Timestamp>), ()> {
     let max_lapses = queue.inner.config.max_lapses;
     let anyone_waiting = !queue.inner.waiters.is_empty();
     let outcome = queue
         .write(move |tx| {
-            rules::expire_leases(tx, max_lapses)?;
+            let (requeued, failed) = rules::expire_leases(tx, max_lapses)?;
+            let lapsed = requeued.len() + failed.len();
             let now = tx.now;
             let due = if anyone_waiting {
                 tx.store().due_between(last, now, MAX_NAMED + 1)?
@@ -111,11 +122,11 @@ async fn tick(queue: &Queue, last: Timestamp) -> Result<(Timestamp, Option<Times
                 Vec::new()
             };
             let next = tx.store().next_wakeup(now)?;
-            Ok((now, due, next))
+            Ok((now, due, next, lapsed))
         })
         .await;
     match outcome {
-        Ok((now, due, next)) => {
+        Ok((now, due, next, lapsed)) => {
             if due.len() > MAX_NAMED {
                 queue.inner.waiters.wake_all();
             } else {
@@ -125,6 +136,10 @@ async fn tick(queue: &Queue, last: Timestamp) -> Result<(Timestamp, Option<Times
                     .collect();
                 queue.inner.waiters.wake(due);
             }
+            let next = match next {
+                Some(at) if at <= now && lapsed == 0 => Some(now.plus_millis(HELD_LAPSE_RETRY_MS)),
+                next => next,
+            };
             Ok((now, next))
         }
         Err(error) => {

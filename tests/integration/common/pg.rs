@@ -141,6 +141,24 @@ impl TestDatabase {
         postgres::Client::connect(&self.url, postgres::NoTls)
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url))
     }
+
+    /// How many transactions ended in it (committed or rolled back), as
+    /// PostgreSQL's statistics count them. Read from the `postgres`
+    /// database, so that reading adds none to the count; each backend
+    /// reports its own about once a second.
+    pub fn transactions(&self) -> i64 {
+        let name = &self.name;
+        off_runtime(|| {
+            admin()
+                .query_one(
+                    "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+                     WHERE datname = $1",
+                    &[name],
+                )
+                .unwrap_or_else(|e| panic!("read the statistics of {name}: {e}"))
+                .get(0)
+        })
+    }
 }
 
 impl Drop for TestDatabase {

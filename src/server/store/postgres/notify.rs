@@ -1,10 +1,12 @@
 //! Commits announced between servers on one database: a write that makes
 //! jobs ready or sets a lease sends `NOTIFY jobmgr` in its own transaction
 //! (so it is delivered only if it commits), and each server listens on a
-//! connection of its own and hands what others announced to its queue. When
-//! that connection is lost, announcements may have been missed: once it is
-//! back, the queue is told to look at everything again, so a lost
-//! notification costs the time to reconnect, never a stranded job.
+//! connection of its own and hands what others announced to its queue.
+//! Whenever that connection is not listening (before its first `LISTEN`,
+//! after a failed attempt, once it is lost), announcements go unheard:
+//! meanwhile the queue is told to look at everything every two seconds,
+//! and once more as soon as it listens again, so a lost notification costs
+//! a short delay, never a stranded job.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,12 @@ const MAX_PAYLOAD: usize = 7_000;
 
 /// How often the listening connection is checked when quiet.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// How often every waiter looks again while this server is not listening.
+const LOOK_WHILE_NOT_LISTENING: Duration = Duration::from_secs(2);
+
+/// The longest pause between two attempts to listen.
+const RETRY_AT_MOST: Duration = Duration::from_secs(5);
 
 /// An announcement as sent: the sending server, the jobs it made ready
 /// (`[id, name, priority, nextRun]`), the earliest lease it set, or, when
@@ -112,8 +120,15 @@ pub struct Announcements {
 }
 
 impl Announcements {
-    /// Starts listening on a connection of its own.
-    pub(super) fn listen(config: postgres::Config, clock: Arc<DatabaseClock>) -> Self {
+    /// Starts listening on a connection of its own. Its `application_name`
+    /// is the others' with ` listener` after it (`jobmgr listener` by
+    /// default), to tell it apart in `pg_stat_activity`.
+    pub(super) fn listen(mut config: postgres::Config, clock: Arc<DatabaseClock>) -> Self {
+        let name = format!(
+            "{} listener",
+            config.get_application_name().unwrap_or("jobmgr")
+        );
+        config.application_name(&name);
         let origin = rand::random::<u64>();
         let (sender, receiver) = mpsc::unbounded_channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -161,36 +176,108 @@ fn listen_loop(
     clock: &DatabaseClock,
 ) {
     let mut delay = Duration::from_millis(100);
-    let mut first = true;
+    // Nothing is heard from the start until the first LISTEN.
+    let mut gap = NotListening::at_start();
     while !stop.load(Ordering::Relaxed) {
-        let mut client = match config.connect(postgres::NoTls) {
+        let mut client = match listening_connection(config) {
             Ok(client) => client,
-            Err(error) => {
-                tracing::warn!(
-                    "cannot listen for other servers' commits: {}; retrying",
-                    super::connect::reason(&error)
-                );
-                sleep_unless_stopped(delay, stop);
-                delay = (delay * 2).min(Duration::from_secs(5));
+            Err(why) => {
+                tracing::warn!("cannot listen for other servers' commits: {why}; retrying");
+                if gap.wait(delay, stop, sender).is_err() {
+                    return;
+                }
+                delay = (delay * 2).min(RETRY_AT_MOST);
                 continue;
             }
         };
-        if let Err(error) = client.batch_execute(&format!("LISTEN {CHANNEL}")) {
-            tracing::warn!(%error, "cannot listen for other servers' commits; retrying");
-            sleep_unless_stopped(delay, stop);
-            continue;
-        }
         delay = Duration::from_millis(100);
-        if !first {
+        if gap.failed {
             tracing::info!("listening for other servers' commits again; looking at every job");
             let _ = clock.remeasure(&mut client);
-            if sender.send(Announcement::Missed).is_err() {
-                return;
-            }
         }
-        first = false;
+        // Whatever was committed while nothing was heard (also before the
+        // first LISTEN, while the server started) is looked for now.
+        if sender.send(Announcement::Missed).is_err() {
+            return;
+        }
         if serve(&mut client, origin, sender, stop).is_err() {
             return;
+        }
+        gap = NotListening::lost();
+    }
+}
+
+/// A connection that listens on [`CHANNEL`], or why there is none.
+fn listening_connection(config: &postgres::Config) -> Result<postgres::Client, String> {
+    let mut client = config
+        .connect(postgres::NoTls)
+        .map_err(|error| super::connect::reason(&error))?;
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .map_err(|error| error.to_string())?;
+    Ok(client)
+}
+
+/// A time while this server does not listen: other servers' commits go
+/// unheard, so every waiter and the timer look again every
+/// [`LOOK_WHILE_NOT_LISTENING`] until listening resumes.
+struct NotListening {
+    /// When every waiter last looked, or the gap began.
+    looked: Instant,
+    /// How many looks this gap has had.
+    looks: u32,
+    /// Whether listening was lost or an attempt failed: the gap is worth a
+    /// line in the log when it ends.
+    failed: bool,
+}
+
+impl NotListening {
+    /// The gap before the first `LISTEN`.
+    fn at_start() -> Self {
+        NotListening {
+            looked: Instant::now(),
+            looks: 0,
+            failed: false,
+        }
+    }
+
+    /// The gap after listening was lost.
+    fn lost() -> Self {
+        NotListening {
+            failed: true,
+            ..Self::at_start()
+        }
+    }
+
+    /// Sleeps `delay` before the next attempt to listen, having every
+    /// waiter look again whenever a look is due meanwhile. `Err` once
+    /// nobody takes announcements any more.
+    fn wait(
+        &mut self,
+        delay: Duration,
+        stop: &AtomicBool,
+        sender: &mpsc::UnboundedSender<Announcement>,
+    ) -> Result<(), ()> {
+        self.failed = true;
+        let until = Instant::now() + delay;
+        loop {
+            if self.looked.elapsed() >= LOOK_WHILE_NOT_LISTENING {
+                if self.looks == 0 {
+                    tracing::info!(
+                        every = %humantime::format_duration(LOOK_WHILE_NOT_LISTENING),
+                        "not listening for other servers' commits: every held take looks again \
+                         this often until listening resumes"
+                    );
+                }
+                self.looks += 1;
+                self.looked = Instant::now();
+                sender.send(Announcement::Missed).map_err(|_| ())?;
+            }
+            let now = Instant::now();
+            if stop.load(Ordering::Relaxed) || now >= until {
+                return Ok(());
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(50)));
         }
     }
 }
@@ -235,13 +322,6 @@ fn serve(
         }
     }
     Ok(())
-}
-
-fn sleep_unless_stopped(delay: Duration, stop: &AtomicBool) {
-    let until = Instant::now() + delay;
-    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[cfg(test)]
