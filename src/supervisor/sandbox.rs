@@ -382,7 +382,11 @@ impl Sandbox {
         credentials: Option<Credentials>,
     ) -> io::Result<JobSandbox> {
         let cgroup = match &self.cgroups {
-            Ok(cgroups) => Some(cgroups.job(job_id, &self.settings.cgroup)?),
+            Ok(cgroups) => Some(
+                cgroups
+                    .job(job_id, &self.settings.cgroup)
+                    .map_err(|e| io::Error::new(e.kind(), CgroupsUnavailable(e)))?,
+            ),
             Err(_) => None,
         };
         let landlock = if self.settings.read_only {
@@ -427,6 +431,22 @@ impl Sandbox {
             landlock,
             setup: Some(setup),
         })
+    }
+}
+
+/// The job's cgroups cannot be made now (the supervisor's own directories
+/// cannot be made again, say): the machine's fault, not the job's, so the
+/// job goes back to the queue rather than count a failed run.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot make the job's cgroups, so the job goes back to the queue: {0}")]
+pub struct CgroupsUnavailable(io::Error);
+
+impl CgroupsUnavailable {
+    /// Whether `error` is one.
+    pub fn is(error: &io::Error) -> bool {
+        error
+            .get_ref()
+            .is_some_and(|inner| inner.is::<CgroupsUnavailable>())
     }
 }
 
