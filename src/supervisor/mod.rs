@@ -9,6 +9,7 @@
 
 pub mod bwm_php;
 pub mod cgroup;
+pub mod dirs;
 pub mod gate;
 pub mod job_guard;
 pub mod landlock;

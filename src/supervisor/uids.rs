@@ -371,10 +371,7 @@ fn released_clean(lock: &File) -> bool {
 fn prepare_lock_dir(dir: &Path) -> Result<(), String> {
     let fail = |what: String| format!("uid claims directory {}: {what}", dir.display());
     if let Some(parent) = dir.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent)
+        super::dirs::make(parent, 0o755, 0o755)
             .map_err(|e| fail(format!("cannot create {}: {e}", parent.display())))?;
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
