@@ -14,6 +14,7 @@ pub mod gate;
 pub mod job_guard;
 pub mod landlock;
 pub mod launcher;
+pub mod leftovers;
 pub mod no_worker;
 pub mod output;
 pub mod proc_stat;

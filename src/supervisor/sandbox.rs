@@ -27,6 +27,7 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 use super::cgroup::{CgroupLimits, Cgroups, JobCgroup};
 use super::landlock;
+use super::leftovers::Leftovers;
 use super::uids::{ClaimedUid, UidPool, UidRange};
 
 /// The sandbox's settings.
@@ -231,7 +232,11 @@ impl Sandbox {
         let uids = match &user {
             WorkerUser::Dynamic { gid } => Some(Arc::new(
                 UidPool::open(settings.worker_uids, claims, gid.is_none())
-                    .map_err(io::Error::other)?,
+                    .map_err(io::Error::other)?
+                    .leaving(
+                        Leftovers::new(settings.private_tmp, settings.read_only),
+                        *gid,
+                    ),
             )),
             _ => None,
         };
