@@ -9,9 +9,11 @@
 //!   mounted, `/run/lock`), and in every directory in them it could write
 //!   (writable by others, or by its group);
 //! - its System V shared memory segments, semaphore sets and message
-//!   queues (owned or created by it, as `/proc/sysvipc/*` list them);
-//! - whether it has kernel keyrings ([`has_keys`]), which only a process
-//!   of the uid can empty (see `uids::release_as`).
+//!   queues (owned or created by it, as `/proc/sysvipc/*` list them).
+//!
+//! (The kernel keyrings it keeps for the uid are emptied by each worker
+//! under a uid of its own before its exec: see the
+//! [`sandbox`](super::sandbox).)
 //!
 //! The removal is hostile-proof. Each step is relative to an open
 //! directory and opens the next with `O_NOFOLLOW`, so a symlink is removed,
@@ -144,19 +146,6 @@ impl Leftovers {
         }
         pass.done
     }
-}
-
-/// Whether `uid` has keys (keyrings included) by `/proc/key-users`: the
-/// kernel keeps a uid's user keyrings after its last process exits.
-pub fn has_keys(uid: u32) -> bool {
-    let Ok(text) = std::fs::read_to_string("/proc/key-users") else {
-        return false;
-    };
-    text.lines().any(|line| {
-        line.trim_start()
-            .split_once(':')
-            .is_some_and(|(id, _)| id.parse::<u32>() == Ok(uid))
-    })
 }
 
 /// One pass over the places.

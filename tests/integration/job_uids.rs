@@ -509,10 +509,13 @@ fn a_range_systemd_or_root_may_use_is_refused_at_start() {
 }
 
 /// Removes, when dropped, what a test's jobs may have left under `uid`
-/// outside their scratch directories (should the supervisor not have).
+/// outside their scratch directories (should the supervisor not have), and
+/// the keys named `key` they may have left in this process's session
+/// keyring (inherited by the supervisor and its workers).
 struct LeftoversOf {
     uid: u32,
     paths: Vec<PathBuf>,
+    key: String,
 }
 
 impl Drop for LeftoversOf {
@@ -520,6 +523,10 @@ impl Drop for LeftoversOf {
         for path in &self.paths {
             let _ = std::fs::remove_file(path);
         }
+        let _ = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(format!("{KEYCTL}\nunlink_all({:?})", self.key))
+            .run_bounded("python3 unlink_all");
         let shm = std::fs::read_to_string("/proc/sysvipc/shm").unwrap_or_default();
         for line in shm.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -533,10 +540,28 @@ impl Drop for LeftoversOf {
     }
 }
 
+/// Python's way to the kernel's keys (`add_key`, `keyctl`), for workers:
+/// `add(description, keyring)`, `found(description, keyring)`,
+/// `unlink_all(description)` (from the session keyring); keyrings -3 (the
+/// session's) and -4 (the user's).
+const KEYCTL: &str = r#"import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+def add(name, ring):
+    return libc.syscall(ADD_KEY, b"user", name.encode(), b"secret", 6, ring)
+def found(name, ring):
+    return libc.syscall(KEYCTL, 10, ring, b"user", name.encode(), 0) > 0
+def unlink_all(name):
+    while True:
+        key = libc.syscall(KEYCTL, 10, -3, b"user", name.encode(), 0)
+        if key <= 0 or libc.syscall(KEYCTL, 9, key, -3) != 0:
+            break"#;
+
 /// A job under a uid of its own leaves a 0600 file in /dev/shm and one in
-/// /var/tmp, a System V shared memory segment, and a symlink out of
-/// /var/tmp; the next job given the same uid (the range holds one) finds
-/// none of them, and what the symlink named is untouched.
+/// /var/tmp, a System V shared memory segment, a symlink out of /var/tmp,
+/// and a key in its user keyring and in its session keyring; the next job
+/// given the same uid (the range holds one) finds none of them, and what
+/// the symlink named is untouched.
 #[test]
 fn a_reused_uid_finds_nothing_its_previous_job_left() {
     let test = "a_reused_uid_finds_nothing_its_previous_job_left";
@@ -553,6 +578,7 @@ fn a_reused_uid_finds_nothing_its_previous_job_left() {
     let _cleanup = LeftoversOf {
         uid,
         paths: vec![shm.clone(), var_tmp.clone(), link.clone()],
+        key: tag.clone(),
     };
     let server = Server::start();
     let api = server.api();
@@ -566,6 +592,12 @@ ipcmk -M 4096 > /dev/null && echo shm-segment-made >> "$OUT/made"
 [ -e {shm} ] && echo dev-shm-made >> "$OUT/made"
 [ -e {var_tmp} ] && echo var-tmp-made >> "$OUT/made"
 [ -L {link} ] && echo link-made >> "$OUT/made"
+python3 - >> "$OUT/made" <<'PY'
+{KEYCTL}
+for name, ring in (("user", -4), ("session", -3)):
+    if add("{tag}", ring) > 0:
+        print(name + "-key-made")
+PY
 exit 0"#,
         shm = shm.display(),
         var_tmp = var_tmp.display(),
@@ -579,6 +611,12 @@ id -u > "$OUT/look-uid"
   cat {var_tmp} 2>/dev/null && echo var-tmp-found
   [ -L {link} ] && echo link-found
   awk -v me="$(id -u)" 'NR > 1 && ($8 == me || $10 == me) {{ print "shm-segment-found", $2 }}' /proc/sysvipc/shm
+  python3 - <<'PY'
+{KEYCTL}
+for name, ring in (("user", -4), ("session", -3)):
+    if found("{tag}", ring):
+        print(name + "-key-found")
+PY
 }} > "$OUT/found"
 exit 0"#,
         shm = shm.display(),
@@ -601,6 +639,8 @@ exit 0"#,
         "dev-shm-made",
         "var-tmp-made",
         "link-made",
+        "user-key-made",
+        "session-key-made",
     ] {
         assert!(made.contains(what), "the job did not leave {what}: {made}");
     }
