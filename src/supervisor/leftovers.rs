@@ -255,11 +255,17 @@ impl Pass {
     /// uid's entries, and goes into the directories the uid could write.
     fn others(&mut self, dir: &OwnedFd, path: &Path, depth: usize) {
         for entry in self.entries(dir, path) {
+            // Another's file, the most of a place, is passed over at once.
+            let ours = entry.stat.st_uid == self.uid;
+            let writable_dir =
+                entry.is_dir() && entry.stat.st_dev == self.dev && self.writable(&entry.stat);
+            if !ours && !writable_dir {
+                continue;
+            }
             let at = shown(path, &entry.name);
-            if entry.stat.st_uid == self.uid {
+            if ours {
                 self.remove(dir, &entry, &at, depth + 1, None);
-            } else if entry.is_dir() && entry.stat.st_dev == self.dev && self.writable(&entry.stat)
-            {
+            } else {
                 if depth + 1 >= MAX_DEPTH {
                     self.unfinished(format!(
                         "{}: writable directories of others nested deeper than {MAX_DEPTH}",
@@ -366,7 +372,6 @@ impl Pass {
     fn inside(&mut self, sub: &OwnedFd, at: &Path, depth: usize, top: (&OwnedFd, usize)) -> bool {
         let mut kept = false;
         for inner in self.entries(sub, at) {
-            let inner_at = shown(at, &inner.name);
             let too_deep = depth + 1 >= MAX_DEPTH;
             if inner.stat.st_uid != self.uid {
                 kept = true;
@@ -374,6 +379,7 @@ impl Pass {
                 {
                     continue;
                 }
+                let inner_at = shown(at, &inner.name);
                 if too_deep {
                     self.unfinished(format!(
                         "{}: writable directories of others nested deeper than {MAX_DEPTH}",
@@ -382,7 +388,10 @@ impl Pass {
                 } else if let Some(deeper) = self.open_as(sub, &inner, &inner_at) {
                     self.others(&deeper, &inner_at, depth + 1);
                 }
-            } else if inner.is_dir() && too_deep {
+                continue;
+            }
+            let inner_at = shown(at, &inner.name);
+            if inner.is_dir() && too_deep {
                 if top.1 < depth {
                     self.move_up(sub, &inner, &inner_at, top.0);
                 } else {
