@@ -786,3 +786,74 @@ impl Drop for Cgroups {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_supervisors_directories_are_told_by_their_names_and_nothing_else_is() {
+        let name = fresh_name();
+        assert_eq!(named(&name), Named::Supervisor, "{name}");
+        assert_ne!(fresh_name(), name);
+        let leaf = format!("{name}{LEAF_SUFFIX}");
+        assert_eq!(named(&leaf), Named::Leaf(&name));
+        for other in [
+            // Older versions', named after a pid, and their leaves.
+            "jobmgr-1",
+            "jobmgr-4242",
+            "jobmgr-4242-supervisor",
+            "jobmgr-",
+            "jobmgr-abcdefghijklmnop-",
+            "jobmgr-abcdefghijklmno",
+            "jobmgr-abcdefghijklmnopq",
+            "jobmgr-ABCDEFGHIJKLMNOP",
+            "jobmgr-abcdefghijklmn0p",
+            "jobmgr-abcdefghijklmnop-leaf",
+            "job-7-0123abcd",
+            "system.slice",
+        ] {
+            assert_eq!(named(other), Named::Other, "{other}");
+        }
+    }
+
+    /// The lock of a supervisor's directory is what tells others it
+    /// lives: free once the supervisor lets go of it, and a claim waits
+    /// for a clean-up holding it, then makes the directory again.
+    #[test]
+    fn a_directory_is_locked_while_its_supervisor_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = fresh_name();
+        let base = Base::claim(dir.path(), &name).unwrap();
+        assert!(unlocked(&base.path).is_none(), "locked while held");
+        drop(base);
+        let cleaning = unlocked(&dir.path().join(&name)).expect("free once let go");
+        // A claim made while a clean-up holds the lock, which removes the
+        // directory: the claim makes it again, and holds that.
+        let claiming = {
+            let parent = dir.path().to_path_buf();
+            let name = name.clone();
+            std::thread::spawn(move || Base::claim(&parent, &name))
+        };
+        // Waiting for the lock: /proc/locks lists it (`->`) on the inode.
+        let inode = fs::metadata(dir.path().join(&name)).unwrap().ino();
+        let waiting = format!(":{inode} 0 EOF");
+        let since = Instant::now();
+        while !fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains("->") && l.ends_with(&waiting))
+        {
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "the claim never waited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fs::remove_dir(dir.path().join(&name)).unwrap();
+        drop(cleaning);
+        let base = claiming.join().unwrap().unwrap();
+        assert!(base.path.is_dir());
+        assert!(unlocked(&base.path).is_none());
+    }
+}
