@@ -324,6 +324,9 @@ impl Pass {
             }
             return;
         }
+        if entry.stat.st_dev != self.dev {
+            return self.unfinished(format!("{}: on another file system", at.display()));
+        }
         let Some(sub) = self.open_as(dir, entry, at) else {
             return;
         };

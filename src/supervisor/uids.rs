@@ -667,7 +667,15 @@ impl UidPool {
             let Some(lock) = self.lock_existing(uid) else {
                 continue;
             };
-            if !left_behind(&lock) || !processes_of(uid).is_empty() {
+            if !left_behind(&lock) {
+                // Tidied by another supervisor's claim or sweep.
+                self.left
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&uid);
+                continue;
+            }
+            if !processes_of(uid).is_empty() {
                 continue;
             }
             let removal = self
