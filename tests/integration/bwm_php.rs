@@ -456,11 +456,12 @@ fn a_php_job_runs_under_a_uid_of_its_own_in_a_state_directory_the_supervisor_mad
         .arg("2");
     let sup = php_supervisor_as(builder, &[]);
     let id = api.create(json!({"name": "www/WhoAmI", "repeat": "FINISHED, +1 HOUR"}));
-    let job = wait_for("the job's first run to end", &sup, || {
-        let job = api.job(id);
+    wait_for("the job's first run to end", &sup, || {
         let ended = attempts(&api, id).iter().any(|a| a["outcome"] != "running");
-        ended.then_some(job)
+        ended.then_some(())
     });
+    // Read after the run's end: it finished with the data its class set.
+    let job = api.job(id);
     assert!(
         job["data"]["uid"].as_i64().is_some_and(|uid| uid >= 70030),
         "the job did not run under a uid of its own: {job}; history {:?}",

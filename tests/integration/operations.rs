@@ -328,9 +328,9 @@ fn the_status_file_is_readable_by_the_supervisors_user_and_group_only() {
         std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
         let path = builder.path().join("status.json");
         let peek = format!(
-            "#!/bin/sh\ncat > /dev/null\nif cat '{}' > /dev/null 2>&1; then echo read; else echo denied; fi > '{}/peek'\n",
+            "#!/bin/sh\ncat > /dev/null\nif cat '{}' > /dev/null 2>&1; then echo read; else echo denied; fi > '{out}/peek.tmp'\nmv '{out}/peek.tmp' '{out}/peek'\n",
             path.display(),
-            out.display()
+            out = out.display()
         );
         let sup = builder
             .worker("Peek", &peek)
