@@ -60,6 +60,10 @@ pub fn run(args: StatusArgs) -> Result<(), CliError> {
             "no supervisor status at {}: is jobmgr running? (give `jobmgr status` the supervisor's --config or --status-file)",
             path.display()
         )),
+        std::io::ErrorKind::PermissionDenied => CliError::Usage(format!(
+            "cannot read the status file {}: {error}; it is the supervisor's user's and group's only (mode 640): run jobmgr status as that user or a member of that group",
+            path.display()
+        )),
         _ => CliError::Usage(format!("cannot read the status file {}: {error}", path.display())),
     })?;
     if !alive(status.pid) {

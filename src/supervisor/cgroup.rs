@@ -10,18 +10,28 @@
 //! clones it into the v2 one where the kernel can, and it writes itself
 //! into the rest (see [`JobCgroup::v1_tasks`]).
 //!
-//! Cgroups live under the supervisor's own cgroup, in a directory named
-//! after its pid; directories left by a supervisor that died are cleaned up
-//! (their processes killed) when the next one starts.
+//! Cgroups live under the supervisor's own cgroup, in a directory of its
+//! own named `jobmgr-` and sixteen random letters: unique across PID
+//! namespaces (supervisors in containers, nspawn machines or `unshare
+//! --pid` may share the cgroup tree and have the same pid), and never read
+//! as a pid. The supervisor holds an exclusive `flock` on that directory
+//! while it lives, which the kernel drops with its last descriptor however
+//! it dies; the lock, not `/proc/PID` (which shows one PID namespace
+//! only), is what tells a starting supervisor whether a directory's owner
+//! is gone. A directory whose lock is free is left by a supervisor that
+//! died: its processes are killed and it is removed. A directory removed
+//! under a running supervisor (an `rmdir` of the empty directory) is made
+//! again at its next job.
 
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::{OFlag, openat};
+use nix::fcntl::{Flock, FlockArg, OFlag, openat};
 use nix::sys::stat::{Mode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
@@ -45,29 +55,64 @@ impl CgroupLimits {
     }
 }
 
-/// A cgroup directory of ours, held open: a job's cgroups are made,
-/// written and removed relative to it, so that no call walks the whole
-/// path from `/sys/fs/cgroup` again (each component a kernfs lookup).
+/// A cgroup directory of ours, held open (and locked: see the module's
+/// doc): a job's cgroups are made, written and removed relative to it, so
+/// that no call walks the whole path from `/sys/fs/cgroup` again (each
+/// component a kernfs lookup).
 #[derive(Debug, Clone)]
 struct Base {
     path: PathBuf,
-    dir: Arc<OwnedFd>,
+    dir: Arc<Flock<OwnedFd>>,
 }
 
+/// How many times a supervisor makes its directory when another
+/// supervisor's clean-up removes it as it is made.
+const CLAIM_TRIES: usize = 5;
+
 impl Base {
-    /// Opens `path`, a directory (close-on-exec, as `std` opens files).
-    fn open(path: PathBuf) -> io::Result<Self> {
-        let dir = fs::File::open(&path).map_err(|e| naming(&path, e))?;
-        Ok(Base {
-            path,
-            dir: Arc::new(dir.into()),
-        })
+    /// Makes the directory `name` in `parent` (or takes the one there),
+    /// opens it and locks it. The lock is waited for: a starting
+    /// supervisor may hold it for a moment, having found the directory
+    /// unlocked between its making and its locking here, and removes it if
+    /// it can; then it is made again.
+    fn claim(parent: &Path, name: &str) -> io::Result<Self> {
+        let path = parent.join(name);
+        for _ in 0..CLAIM_TRIES {
+            match fs::create_dir(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(naming(&path, e)),
+            }
+            let dir = match fs::File::open(&path) {
+                Ok(dir) => OwnedFd::from(dir),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(naming(&path, e)),
+            };
+            let dir = Flock::lock(dir, FlockArg::LockExclusive)
+                .map_err(|(_, errno)| naming(&path, errno))?;
+            let locked = fs::File::from(dir.try_clone().map_err(|e| naming(&path, e))?);
+            let same = match (fs::metadata(&path), locked.metadata()) {
+                (Ok(there), Ok(ours)) => there.ino() == ours.ino() && there.dev() == ours.dev(),
+                _ => false,
+            };
+            if same {
+                return Ok(Base {
+                    path,
+                    dir: Arc::new(dir),
+                });
+            }
+        }
+        Err(io::Error::other(format!(
+            "{}: removed again each of the {CLAIM_TRIES} times it was made",
+            path.display()
+        )))
     }
 
     /// Makes the job directory `name` in it.
     fn make(&self, name: &str) -> io::Result<PathBuf> {
         let path = self.path.join(name);
-        mkdirat(&*self.dir, name, Mode::from_bits_truncate(0o755)).map_err(|e| naming(&path, e))?;
+        mkdirat(&**self.dir, name, Mode::from_bits_truncate(0o755))
+            .map_err(|e| naming(&path, e))?;
         Ok(path)
     }
 
@@ -76,7 +121,7 @@ impl Base {
         let relative = format!("{name}/{file}");
         let context = |e: io::Error| naming(&self.path.join(&relative), e);
         let fd = openat(
-            &*self.dir,
+            &**self.dir,
             relative.as_str(),
             OFlag::O_WRONLY | OFlag::O_CLOEXEC,
             Mode::empty(),
@@ -89,22 +134,128 @@ impl Base {
     /// when it was already), false while the kernel refuses (a process is
     /// still in it).
     fn remove(&self, name: &str) -> bool {
-        match unlinkat(&*self.dir, name, UnlinkatFlags::RemoveDir) {
+        match unlinkat(&**self.dir, name, UnlinkatFlags::RemoveDir) {
             Ok(()) => true,
             Err(errno) => errno == nix::errno::Errno::ENOENT,
         }
     }
 }
 
+/// One hierarchy's directory of ours, made again when it is found removed.
+#[derive(Debug)]
+struct Hierarchy {
+    /// The supervisor's own cgroup in the hierarchy, where `base` is.
+    own: PathBuf,
+    /// The controllers job directories get (`cgroup.subtree_control`; v2
+    /// only).
+    subtree: Vec<String>,
+    base: RwLock<Base>,
+}
+
+impl Hierarchy {
+    fn new(own: PathBuf, subtree: Vec<String>, base: Base) -> Self {
+        Hierarchy {
+            own,
+            subtree,
+            base: RwLock::new(base),
+        }
+    }
+
+    /// The directory as it is now.
+    fn base(&self) -> Base {
+        self.base.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes the job directory `job` in the supervisor's directory `name`,
+    /// making that again first if it was removed; returns the directory it
+    /// was made in, and its path.
+    fn make(&self, name: &str, job: &str) -> io::Result<(Base, PathBuf)> {
+        let base = self.base();
+        match base.make(job) {
+            Ok(path) => Ok((base, path)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let base = self.make_again(&base, name)?;
+                let path = base.make(job)?;
+                Ok((base, path))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes the supervisor's directory `name` again in place of `gone`,
+    /// unless another job did meanwhile.
+    fn make_again(&self, gone: &Base, name: &str) -> io::Result<Base> {
+        let mut current = self.base.write().unwrap_or_else(|e| e.into_inner());
+        if !Arc::ptr_eq(&current.dir, &gone.dir) {
+            return Ok(current.clone());
+        }
+        tracing::warn!(dir = %gone.path.display(), "the supervisor's cgroup directory was removed; making it again");
+        let base = Base::claim(&self.own, name)?;
+        if !self.subtree.is_empty() {
+            let enable: Vec<String> = self.subtree.iter().map(|c| format!("+{c}")).collect();
+            write(&base.path.join("cgroup.subtree_control"), &enable.join(" "))?;
+        }
+        *current = base.clone();
+        Ok(base)
+    }
+}
+
 /// Where job cgroups are made.
 #[derive(Debug)]
 pub struct Cgroups {
+    /// The name of this supervisor's directory in each hierarchy.
+    name: String,
     /// A v2 directory of ours (with `cgroup.kill`), if any.
-    unified: Option<Base>,
+    unified: Option<Hierarchy>,
     /// Whether the v2 directory has the memory, pids and cpu controllers.
     unified_controllers: Vec<String>,
     /// v1 directories of ours, by controller.
-    v1: Vec<(&'static str, Base)>,
+    v1: Vec<(&'static str, Hierarchy)>,
+}
+
+/// What every supervisor's directory is named after.
+const PREFIX: &str = "jobmgr-";
+
+/// What the leaf a supervisor moves itself into is named after, following
+/// its directory's name (v2 with controllers: processes only in leaves).
+const LEAF_SUFFIX: &str = "-supervisor";
+
+/// How many letters a supervisor's id has.
+const ID_LETTERS: usize = 16;
+
+/// A fresh name for a supervisor's directories: [`PREFIX`] and
+/// [`ID_LETTERS`] random lowercase letters (75 bits).
+fn fresh_name() -> String {
+    let id: String = (0..ID_LETTERS)
+        .map(|_| char::from(b'a' + rand::random_range(0..26u8)))
+        .collect();
+    format!("{PREFIX}{id}")
+}
+
+/// What a directory beside ours is, by its name.
+#[derive(Debug, PartialEq, Eq)]
+enum Named<'a> {
+    /// A supervisor's directory (`jobmgr-ID`).
+    Supervisor,
+    /// The leaf of the supervisor's directory named here.
+    Leaf(&'a str),
+    /// Anything else, an older version's directory named after a pid
+    /// included: never touched.
+    Other,
+}
+
+fn named(name: &str) -> Named<'_> {
+    let is_id = |id: &str| id.len() == ID_LETTERS && id.bytes().all(|b| b.is_ascii_lowercase());
+    let Some(rest) = name.strip_prefix(PREFIX) else {
+        return Named::Other;
+    };
+    if is_id(rest) {
+        return Named::Supervisor;
+    }
+    match rest.strip_suffix(LEAF_SUFFIX) {
+        Some(id) if is_id(id) => Named::Leaf(&name[..PREFIX.len() + id.len()]),
+        _ => Named::Other,
+    }
 }
 
 /// A job's cgroups.
@@ -156,12 +307,13 @@ fn write(path: &Path, value: &str) -> io::Result<()> {
 }
 
 impl Cgroups {
-    /// Finds what this machine offers and prepares `jobmgr-<pid>` under the
-    /// supervisor's own cgroups. `Err` explains why there are none.
+    /// Finds what this machine offers and prepares a directory of this
+    /// supervisor's own (see the module's doc) under its own cgroups. `Err`
+    /// explains why there are none.
     pub fn detect(limits: &CgroupLimits) -> Result<Self, String> {
-        let pid = std::process::id();
-        let name = format!("jobmgr-{pid}");
+        let name = fresh_name();
         let mut found = Cgroups {
+            name: name.clone(),
             unified: None,
             unified_controllers: Vec::new(),
             v1: Vec::new(),
@@ -176,11 +328,9 @@ impl Cgroups {
         match (mount, own_path(None)) {
             (Some(mount), Some(own)) => {
                 let own_dir = mount.join(own.trim_start_matches('/'));
-                match Self::prepare_v2(&own_dir, &name, limits)
-                    .and_then(|(dir, controllers)| Ok((Base::open(dir)?, controllers)))
-                {
-                    Ok((dir, controllers)) => {
-                        found.unified = Some(dir);
+                match Self::prepare_v2(&own_dir, &name, limits) {
+                    Ok((base, controllers)) => {
+                        found.unified = Some(Hierarchy::new(own_dir, controllers.clone(), base));
                         found.unified_controllers = controllers;
                     }
                     Err(e) => reasons.push(format!("cgroup v2: {e}")),
@@ -206,9 +356,11 @@ impl Cgroups {
             if !mount.join("tasks").exists() {
                 continue;
             }
-            let dir = mount.join(own.trim_start_matches('/')).join(&name);
-            match fs::create_dir_all(&dir).and_then(|()| Base::open(dir)) {
-                Ok(base) => found.v1.push((controller, base)),
+            let own_dir = mount.join(own.trim_start_matches('/'));
+            match Base::claim(&own_dir, &name) {
+                Ok(base) => found
+                    .v1
+                    .push((controller, Hierarchy::new(own_dir, Vec::new(), base))),
                 Err(e) => reasons.push(format!("cgroup v1 {controller}: {e}")),
             }
         }
@@ -226,7 +378,7 @@ impl Cgroups {
         own: &Path,
         name: &str,
         limits: &CgroupLimits,
-    ) -> io::Result<(PathBuf, Vec<String>)> {
+    ) -> io::Result<(Base, Vec<String>)> {
         let available = fs::read_to_string(own.join("cgroup.controllers")).unwrap_or_default();
         let wanted: Vec<String> = [
             ("memory", limits.memory_max.is_some()),
@@ -237,8 +389,8 @@ impl Cgroups {
         .filter(|(c, want)| *want && available.split_whitespace().any(|a| a == *c))
         .map(|(c, _)| c.to_string())
         .collect();
-        let dir = own.join(name);
-        fs::create_dir_all(&dir)?;
+        let base = Base::claim(own, name)?;
+        let dir = base.path.clone();
         if !wanted.is_empty() {
             // Processes may not sit in a cgroup that hands controllers down.
             let leaf = own.join(format!("{name}-supervisor"));
@@ -260,36 +412,49 @@ impl Cgroups {
         if !dir.join("cgroup.kill").exists() {
             return Err(io::Error::other("this kernel has no cgroup.kill"));
         }
-        Ok((dir, wanted))
+        Ok((base, wanted))
     }
 
-    /// Kills and removes job cgroups left by supervisors that are gone.
+    /// Every hierarchy of ours.
+    fn hierarchies(&self) -> impl Iterator<Item = &Hierarchy> {
+        self.unified.iter().chain(self.v1.iter().map(|(_, h)| h))
+    }
+
+    /// Kills and removes the directories of supervisors that are gone
+    /// beside ours: those whose lock no one holds (see the module's doc),
+    /// with their leaves; and leaves whose directory is gone, once empty.
     fn clean_stale(&self) {
-        let parents: Vec<PathBuf> = self
-            .unified
-            .iter()
-            .chain(self.v1.iter().map(|(_, b)| b))
-            .filter_map(|b| b.path.parent().map(Path::to_path_buf))
-            .collect();
-        for parent in parents {
-            let Ok(entries) = fs::read_dir(&parent) else {
+        for hierarchy in self.hierarchies() {
+            let Ok(entries) = fs::read_dir(&hierarchy.own) else {
                 continue;
             };
             for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(pid) = name
-                    .strip_prefix("jobmgr-")
-                    .and_then(|p| p.split('-').next())
-                    .and_then(|p| p.parse::<i32>().ok())
-                else {
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else {
                     continue;
                 };
-                let alive = Path::new(&format!("/proc/{pid}")).exists();
-                if alive || pid as u32 == std::process::id() {
-                    continue;
+                match named(name) {
+                    Named::Supervisor if name != self.name => {
+                        let path = entry.path();
+                        // Held while its directories go, so that no one else
+                        // takes it for theirs meanwhile.
+                        let Some(_lock) = unlocked(&path) else {
+                            continue;
+                        };
+                        tracing::warn!(dir = %path.display(), "removing the job cgroups of a supervisor that is gone, and what still runs in them");
+                        remove_tree(&path);
+                        let leaf = hierarchy.own.join(format!("{name}{LEAF_SUFFIX}"));
+                        if leaf.exists() {
+                            remove_tree(&leaf);
+                        }
+                    }
+                    // A live supervisor is in its leaf: the kernel refuses
+                    // to remove it then.
+                    Named::Leaf(owner) if !hierarchy.own.join(owner).exists() => {
+                        let _ = fs::remove_dir(entry.path());
+                    }
+                    _ => {}
                 }
-                tracing::warn!(dir = %entry.path().display(), "removing the job cgroups of a supervisor that is gone, and what still runs in them");
-                remove_tree(&entry.path());
             }
         }
     }
@@ -297,22 +462,25 @@ impl Cgroups {
     /// A description for the start-up log.
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
-        if let Some(dir) = &self.unified {
+        if let Some(hierarchy) = &self.unified {
             let controllers = if self.unified_controllers.is_empty() {
                 "kill only".to_string()
             } else {
                 self.unified_controllers.join(", ")
             };
-            parts.push(format!("v2 at {} ({controllers})", dir.path.display()));
+            let path = hierarchy.base().path;
+            parts.push(format!("v2 at {} ({controllers})", path.display()));
         }
-        for (controller, dir) in &self.v1 {
-            parts.push(format!("v1 {controller} at {}", dir.path.display()));
+        for (controller, hierarchy) in &self.v1 {
+            let path = hierarchy.base().path;
+            parts.push(format!("v1 {controller} at {}", path.display()));
         }
         parts.join("; ")
     }
 
     /// Makes a job's cgroups with `limits`. Each directory is made, and
-    /// its limits written, relative to its base's open directory.
+    /// its limits written, relative to its base's open directory; a base
+    /// found removed is made again first.
     pub fn job(&self, job_id: i64, limits: &CgroupLimits) -> io::Result<JobCgroup> {
         let name = format!("job-{job_id}-{:08x}", rand::random::<u32>());
         let mut job = JobCgroup {
@@ -325,8 +493,8 @@ impl Cgroups {
             memory_v2: false,
             memory_v1: None,
         };
-        if let Some(base) = &self.unified {
-            let dir = base.make(&name)?;
+        if let Some(hierarchy) = &self.unified {
+            let (base, dir) = hierarchy.make(&self.name, &name)?;
             job.dirs.push(dir.clone());
             job.bases.push(base.clone());
             for controller in &self.unified_controllers {
@@ -355,8 +523,8 @@ impl Cgroups {
             }
             job.unified = Some(dir);
         }
-        for (controller, base) in &self.v1 {
-            let dir = base.make(&name)?;
+        for (controller, hierarchy) in &self.v1 {
+            let (base, dir) = hierarchy.make(&self.name, &name)?;
             job.dirs.push(dir.clone());
             job.bases.push(base.clone());
             match *controller {
@@ -547,7 +715,10 @@ pub fn kill_dirs(dirs: &[PathBuf]) {
 }
 
 /// SIGKILLs the pids listed in a cgroup until it is empty (v1 has no
-/// `cgroup.kill`), for at most a second.
+/// `cgroup.kill`), for at most a second. A process outside this process's
+/// PID namespace is listed as 0, which `kill` would take for this
+/// process's own group: only pids above 0 are signalled (such a process is
+/// left to the v2 `cgroup.kill`).
 fn kill_procs(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
@@ -555,6 +726,7 @@ fn kill_procs(dir: &Path) {
         let pids: Vec<i32> = pids
             .split_whitespace()
             .filter_map(|p| p.parse().ok())
+            .filter(|&pid| pid > 0)
             .collect();
         if pids.is_empty() || Instant::now() > deadline {
             return;
@@ -600,10 +772,88 @@ fn remove_tree(dir: &Path) {
     remove_dir_when_empty(dir);
 }
 
+/// The lock of the supervisor's directory `dir`, if no one holds it (its
+/// supervisor is gone); `None` also when it cannot be opened.
+fn unlocked(dir: &Path) -> Option<Flock<OwnedFd>> {
+    let dir = OwnedFd::from(fs::File::open(dir).ok()?);
+    Flock::lock(dir, FlockArg::LockExclusiveNonblock).ok()
+}
+
 impl Drop for Cgroups {
     fn drop(&mut self) {
-        for base in self.unified.iter().chain(self.v1.iter().map(|(_, b)| b)) {
-            remove_tree(&base.path);
+        for hierarchy in self.hierarchies() {
+            remove_tree(&hierarchy.base().path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_supervisors_directories_are_told_by_their_names_and_nothing_else_is() {
+        let name = fresh_name();
+        assert_eq!(named(&name), Named::Supervisor, "{name}");
+        assert_ne!(fresh_name(), name);
+        let leaf = format!("{name}{LEAF_SUFFIX}");
+        assert_eq!(named(&leaf), Named::Leaf(&name));
+        for other in [
+            // Older versions', named after a pid, and their leaves.
+            "jobmgr-1",
+            "jobmgr-4242",
+            "jobmgr-4242-supervisor",
+            "jobmgr-",
+            "jobmgr-abcdefghijklmnop-",
+            "jobmgr-abcdefghijklmno",
+            "jobmgr-abcdefghijklmnopq",
+            "jobmgr-ABCDEFGHIJKLMNOP",
+            "jobmgr-abcdefghijklmn0p",
+            "jobmgr-abcdefghijklmnop-leaf",
+            "job-7-0123abcd",
+            "system.slice",
+        ] {
+            assert_eq!(named(other), Named::Other, "{other}");
+        }
+    }
+
+    /// The lock of a supervisor's directory is what tells others it
+    /// lives: free once the supervisor lets go of it, and a claim waits
+    /// for a clean-up holding it, then makes the directory again.
+    #[test]
+    fn a_directory_is_locked_while_its_supervisor_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = fresh_name();
+        let base = Base::claim(dir.path(), &name).unwrap();
+        assert!(unlocked(&base.path).is_none(), "locked while held");
+        drop(base);
+        let cleaning = unlocked(&dir.path().join(&name)).expect("free once let go");
+        // A claim made while a clean-up holds the lock, which removes the
+        // directory: the claim makes it again, and holds that.
+        let claiming = {
+            let parent = dir.path().to_path_buf();
+            let name = name.clone();
+            std::thread::spawn(move || Base::claim(&parent, &name))
+        };
+        // Waiting for the lock: /proc/locks lists it (`->`) on the inode.
+        let inode = fs::metadata(dir.path().join(&name)).unwrap().ino();
+        let waiting = format!(":{inode} 0 EOF");
+        let since = Instant::now();
+        while !fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains("->") && l.ends_with(&waiting))
+        {
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "the claim never waited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fs::remove_dir(dir.path().join(&name)).unwrap();
+        drop(cleaning);
+        let base = claiming.join().unwrap().unwrap();
+        assert!(base.path.is_dir());
+        assert!(unlocked(&base.path).is_none());
     }
 }

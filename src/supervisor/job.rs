@@ -608,13 +608,15 @@ fn stopped_waiting(lease_lost: &AtomicBool, what: &str) -> Leased {
 }
 
 /// Sorts a failure to start a worker: out of processes, memory or file
-/// descriptors is the machine's state (back off); anything else is the
-/// worker's (a missing interpreter, no permission to execute, …).
+/// descriptors, or cgroups that cannot be made, is the machine's state
+/// (back off); anything else is the worker's (a missing interpreter, no
+/// permission to execute, …).
 fn not_started(error: &std::io::Error, what: &str) -> NotRun {
     use nix::libc::{EAGAIN, EMFILE, ENFILE, ENOMEM};
     let reason = format!("{what}: {error}");
     match error.raw_os_error() {
         Some(EAGAIN | ENOMEM | EMFILE | ENFILE) => NotRun::Busy(reason),
+        _ if super::sandbox::CgroupsUnavailable::is(error) => NotRun::Busy(reason),
         _ => NotRun::CannotStart(reason),
     }
 }

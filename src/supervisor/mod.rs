@@ -9,10 +9,12 @@
 
 pub mod bwm_php;
 pub mod cgroup;
+pub mod dirs;
 pub mod gate;
 pub mod job_guard;
 pub mod landlock;
 pub mod launcher;
+pub mod leftovers;
 pub mod no_worker;
 pub mod output;
 pub mod proc_stat;

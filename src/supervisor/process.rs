@@ -301,6 +301,7 @@ async fn spawn_by(
                 groups: c.groups.clone(),
             }
         }),
+        own_keyrings: setup.own_keyrings,
         no_network: setup.no_network,
         private_tmp: setup.private_tmp,
         landlock: setup.landlock.is_some(),

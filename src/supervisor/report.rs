@@ -62,8 +62,9 @@ pub enum NotRun {
     NoWorker(String),
     /// Its name names no worker at all, on any host.
     BadName(String),
-    /// The machine is out of processes, memory or file descriptors: not the
-    /// job's fault; the supervisor backs off.
+    /// The machine is out of processes, memory or file descriptors, or
+    /// cannot make the job's cgroups: not the job's fault; the supervisor
+    /// backs off.
     Busy(String),
     /// The worker could not be started for a reason of its own (a missing
     /// interpreter, no permission to execute, …); counts as a failed run.
@@ -429,7 +430,7 @@ pub fn decide_not_run(why: &NotRun, job: JobFacts<'_>, policy: &RetryPolicy) -> 
                     next_run: None,
                 }),
                 summary: format!(
-                    "could not start the worker ({reason}); the machine is out of room, retry in {}s",
+                    "could not start the worker ({reason}); not the job's fault, retry in {}s",
                     whole_seconds(delay)
                 ),
             }

@@ -3,8 +3,9 @@
 //! and the progress fd, a scrubbed environment (see the job module), a
 //! umask, `no_new_privs`, and a private scratch directory. When the
 //! supervisor runs as root: a uid of the job's own from `worker-uids` (see
-//! the [`uids`](super::uids) module) unless `user` names one user for all
-//! (never root unless configured), with that user's supplementary groups. Limits: rlimits
+//! the [`uids`](super::uids) module), its keyrings emptied and a session
+//! keyring of its own, unless `user` names one user for all (never root
+//! unless configured), with that user's supplementary groups. Limits: rlimits
 //! and, where available, one cgroup per job. Opt-in: no network, a read-only
 //! filesystem but for the scratch directory (Landlock), a private /tmp.
 //!
@@ -27,6 +28,7 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 use super::cgroup::{CgroupLimits, Cgroups, JobCgroup};
 use super::landlock;
+use super::leftovers::Leftovers;
 use super::uids::{ClaimedUid, UidPool, UidRange};
 
 /// The sandbox's settings.
@@ -231,7 +233,11 @@ impl Sandbox {
         let uids = match &user {
             WorkerUser::Dynamic { gid } => Some(Arc::new(
                 UidPool::open(settings.worker_uids, claims, gid.is_none())
-                    .map_err(io::Error::other)?,
+                    .map_err(io::Error::other)?
+                    .leaving(
+                        Leftovers::new(settings.private_tmp, settings.read_only),
+                        *gid,
+                    ),
             )),
             _ => None,
         };
@@ -382,7 +388,11 @@ impl Sandbox {
         credentials: Option<Credentials>,
     ) -> io::Result<JobSandbox> {
         let cgroup = match &self.cgroups {
-            Ok(cgroups) => Some(cgroups.job(job_id, &self.settings.cgroup)?),
+            Ok(cgroups) => Some(
+                cgroups
+                    .job(job_id, &self.settings.cgroup)
+                    .map_err(|e| io::Error::new(e.kind(), CgroupsUnavailable(e)))?,
+            ),
             Err(_) => None,
         };
         let landlock = if self.settings.read_only {
@@ -410,12 +420,14 @@ impl Sandbox {
             ),
             None => (None, Vec::new()),
         };
+        let own_keyrings = matches!(self.user, WorkerUser::Dynamic { .. }) && credentials.is_some();
         let setup = ChildSetup {
             unified,
             tasks,
             rlimits: rlimit_list(&self.settings.rlimits),
             umask: self.settings.umask,
             credentials,
+            own_keyrings,
             no_network: self.settings.no_network,
             private_tmp: self.settings.private_tmp,
             landlock: landlock.as_ref().map(|fd| fd.as_raw_fd()),
@@ -427,6 +439,22 @@ impl Sandbox {
             landlock,
             setup: Some(setup),
         })
+    }
+}
+
+/// The job's cgroups cannot be made now (the supervisor's own directories
+/// cannot be made again, say): the machine's fault, not the job's, so the
+/// job goes back to the queue rather than count a failed run.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot make the job's cgroups, so the job goes back to the queue: {0}")]
+pub struct CgroupsUnavailable(io::Error);
+
+impl CgroupsUnavailable {
+    /// Whether `error` is one.
+    pub fn is(error: &io::Error) -> bool {
+        error
+            .get_ref()
+            .is_some_and(|inner| inner.is::<CgroupsUnavailable>())
     }
 }
 
@@ -559,6 +587,8 @@ pub struct ChildSetup {
     pub(super) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     pub(super) umask: u32,
     pub(super) credentials: Option<Credentials>,
+    /// The uid is the job's own: see [`own_keyrings`].
+    pub(super) own_keyrings: bool,
     pub(super) no_network: bool,
     pub(super) private_tmp: bool,
     pub(super) landlock: Option<i32>,
@@ -583,6 +613,7 @@ impl ChildSetup {
             rlimits: Vec::new(),
             umask: 0o077,
             credentials: None,
+            own_keyrings: false,
             no_network: false,
             private_tmp: false,
             landlock: None,
@@ -650,6 +681,9 @@ impl ChildSetup {
                 check(libc::setresgid(c.gid, c.gid, c.gid))?;
                 check(libc::setresuid(c.uid, c.uid, c.uid))?;
             }
+            if self.own_keyrings {
+                own_keyrings();
+            }
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
             if let Some(ruleset) = self.landlock {
                 landlock::restrict_self(ruleset)?;
@@ -680,6 +714,48 @@ impl ChildSetup {
     /// given to that user).
     pub fn owner(&self) -> Option<(u32, u32)> {
         self.credentials.as_ref().map(|c| (c.uid, c.gid))
+    }
+}
+
+/// Empties the keyrings the kernel keeps for this process's uid past its
+/// last process (its user and user-session keyrings, and its persistent
+/// keyring), where a job before under the same uid may have left keys, and
+/// gives the process an anonymous session keyring of its own in place of
+/// the one it inherited (the supervisor's, which every worker would
+/// otherwise share). Best effort: where keys are not offered (a kernel
+/// without them, a seccomp filter refusing `keyctl`), no job can leave any
+/// either. Only system calls: for between fork and exec, after the change
+/// of uid.
+///
+/// # Safety
+/// Call only between fork and exec.
+unsafe fn own_keyrings() {
+    const KEY_SPEC_THREAD_KEYRING: libc::c_long = -1;
+    const KEY_SPEC_USER_KEYRING: libc::c_long = -4;
+    const KEY_SPEC_USER_SESSION_KEYRING: libc::c_long = -5;
+    const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+    const KEYCTL_CLEAR: libc::c_long = 7;
+    const KEYCTL_GET_PERSISTENT: libc::c_long = 22;
+    // SAFETY: keyctl calls with integer arguments (and a null name).
+    unsafe {
+        for keyring in [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING] {
+            libc::syscall(libc::SYS_keyctl, KEYCTL_CLEAR, keyring);
+        }
+        // Linked into a thread keyring, which the exec discards.
+        let persistent = libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_GET_PERSISTENT,
+            -1 as libc::c_long,
+            KEY_SPEC_THREAD_KEYRING,
+        );
+        if persistent > 0 {
+            libc::syscall(libc::SYS_keyctl, KEYCTL_CLEAR, persistent);
+        }
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<libc::c_char>(),
+        );
     }
 }
 

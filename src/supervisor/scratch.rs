@@ -28,19 +28,17 @@ pub struct ScratchParent {
 }
 
 impl ScratchParent {
-    /// Prepares `dir` as the scratch parent: creates it (mode 0711: workers
-    /// of another user may pass through to their own directory, not list
-    /// it), refuses one that someone else could tamper with (it must be ours
+    /// Prepares `dir` as the scratch parent: creates it and the directories
+    /// above it that are missing (mode 0711 whatever the umask: workers of
+    /// another user may pass through to their own directory, not list it),
+    /// refuses one that someone else could tamper with (it must be ours
     /// and writable by nobody else, or another user could swap a job's
     /// directory under it), removes the job directories a killed supervisor
     /// left in it if no other supervisor uses it, and holds it until
     /// dropped.
     pub fn open(dir: &Path) -> Result<Self, String> {
         let fail = |what: String| format!("scratch directory {}: {what}", dir.display());
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o711)
-            .create(dir)
+        super::dirs::make(dir, super::dirs::PASS_THROUGH, super::dirs::PASS_THROUGH)
             .map_err(|e| fail(format!("cannot create it: {e}")))?;
         let metadata = std::fs::symlink_metadata(dir).map_err(|e| fail(e.to_string()))?;
         if !metadata.is_dir() {

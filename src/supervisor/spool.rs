@@ -7,7 +7,7 @@
 //! window between delivery and removal is the at-least-once window.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -41,18 +41,17 @@ pub struct Spool {
 }
 
 impl Spool {
-    /// Opens (creating, mode 0700) the spool at `dir`.
+    /// Opens the spool at `dir`, making it (mode 0700) if missing, and the
+    /// directories above it that are missing with mode 0711 (the state
+    /// directory, which workers of other uids pass through to their scratch
+    /// directory; see [`dirs`](super::dirs)).
     pub fn open(dir: &Path) -> std::io::Result<Self> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("cannot create the report spool {}: {e}", dir.display()),
-                )
-            })?;
+        super::dirs::make(dir, 0o700, super::dirs::PASS_THROUGH).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot create the report spool {}: {e}", dir.display()),
+            )
+        })?;
         let lock_path = dir.join(".lock");
         let file = std::fs::OpenOptions::new()
             .write(true)

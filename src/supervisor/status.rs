@@ -1,7 +1,10 @@
 //! What this supervisor is doing now, for `jobmgr status`: each pool's gate
 //! state and the jobs it runs (id, name, worker pid, start time). Kept in
 //! memory and written to a status file (atomically, at most once a second,
-//! when something changed); removed when the supervisor exits.
+//! when something changed); removed when the supervisor exits. The file is
+//! mode [`MODE`]: it names every running job, query string and all, and
+//! its worker's pid, which is for the supervisor's user and group (the
+//! operators who run `jobmgr status`), not for workers.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -246,11 +249,27 @@ impl Drop for OnBoard {
     }
 }
 
-/// Writes `status` to `path` atomically (a temporary file renamed over it).
+/// The status file's mode: read and written by the supervisor's user, read
+/// by its group, nothing for anyone else (whatever the umask).
+pub const MODE: u32 = 0o640;
+
+/// Writes `status` to `path` atomically (a temporary file, mode [`MODE`],
+/// renamed over it).
 pub fn write(path: &Path, status: &Status) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let text = serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?;
     let temporary = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&temporary, text)?;
+    // One left by a crash of a process of this pid.
+    let _ = std::fs::remove_file(&temporary);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(MODE)
+        .open(&temporary)?;
+    file.set_permissions(std::fs::Permissions::from_mode(MODE))?;
+    file.write_all(&text)?;
+    drop(file);
     std::fs::rename(&temporary, path)
 }
 
@@ -283,6 +302,23 @@ mod tests {
         assert_eq!(board.pool("main", "*", 4.0, 8).index, 0);
     }
 
+    /// The file is the supervisor's user's and group's only: it names
+    /// every running job and its worker's pid. (The supervisor's umask
+    /// plays no part: the integration test runs it under `umask 077`.)
+    #[test]
+    fn the_status_file_is_readable_by_the_supervisors_user_and_group_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status.json");
+        let board = StatusBoard::new("embedded");
+        let _on = board
+            .pool("main", "*", 4.0, 8)
+            .running(3, "www/Send?to=x", false);
+        write(&path, &board.snapshot()).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, MODE, "{mode:o}");
+    }
+
     #[test]
     fn the_file_round_trips() {
         let dir = tempfile::tempdir().unwrap();
@@ -291,6 +327,9 @@ mod tests {
         let pool = board.pool("www", "www/*", 2.0, 4);
         pool.gate("load", Some(3.5));
         let _on = pool.running(1, "www/A", false);
+        write(&path, &board.snapshot()).unwrap();
+        assert_eq!(read(&path).unwrap(), board.snapshot());
+        // Written again over itself, as every second.
         write(&path, &board.snapshot()).unwrap();
         assert_eq!(read(&path).unwrap(), board.snapshot());
         std::fs::write(&path, "{").unwrap();

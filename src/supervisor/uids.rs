@@ -11,13 +11,18 @@
 //! that dies. Under the lock the uid is checked for live processes: one that
 //! outlived its job (or a killed supervisor's job) keeps the uid out of use
 //! until it is gone. At the end of a job whose cgroups were seen empty,
-//! nothing of it is left; otherwise every process of its uid is killed
+//! no process of it is left; otherwise every process of its uid is killed
 //! (`kill(-1)` from a helper that has become that uid, which the kernel does
-//! atomically with respect to forks) before the lock is let go. Either way,
-//! a uid let go with no process left says so in its lock file ([`CLEAN`]),
-//! and the next claim of it skips the search of `/proc`, the most costly
-//! step of a short job. This process claims the uids it let go clean
-//! first, oldest first, without blocking ([`UidPool::try_claim_recent`]).
+//! atomically with respect to forks) before the lock is let go. Then what
+//! the uid left outside its scratch directory (files in `/tmp`, `/var/tmp`,
+//! `/dev/shm` and the like, System V IPC objects) is removed, a bounded
+//! pass (see [`leftovers`](super::leftovers)). A uid let go with no process
+//! and nothing of it left says so in its lock file ([`CLEAN`]), and the
+//! next claim of it skips the search of `/proc`, the most costly step of a
+//! short job. One whose pass did not finish says so ([`LEFT`]) and stays
+//! out of use until a later pass (the sweep's, every [`SWEEP_EVERY`]) has
+//! removed the rest. This process claims the uids it let go clean first,
+//! oldest first, without blocking ([`UidPool::try_claim_recent`]).
 //!
 //! Uids that name a user or a group in the user database (asked at each
 //! claim, or within the last 10 s for a uid claimed again), or that lie in
@@ -38,6 +43,7 @@ use nix::libc;
 use tokio_util::sync::CancellationToken;
 
 use super::launcher::Launcher;
+use super::leftovers::{Budget, Leftovers};
 
 /// The range used unless `worker-uids` says otherwise: the gap systemd
 /// documents as unused, between its greeter users (up to 60705) and its
@@ -56,11 +62,20 @@ const MAX_RANGE: u64 = 65536;
 
 /// What a lock file holds when its uid's last holder let it go with no
 /// process of the uid alive (its job's cgroups seen empty, or a search of
-/// `/proc` after killing them): the next claim needs no search of `/proc`,
+/// `/proc` after killing them) and nothing of it left in the places its
+/// leftovers are looked for: the next claim needs no search of `/proc`,
 /// which is most of a short job's cost to the supervisor. A claim writes
 /// [`HELD`] over it first, so a holder that dies (a `kill -9`, a crash)
-/// leaves that, and the next claim searches.
-const CLEAN: &[u8] = b"released clean\n";
+/// leaves that, and the next claim searches. (Older versions wrote
+/// `released clean`, which said nothing of leftovers: such a uid is
+/// searched.)
+const CLEAN: &[u8] = b"released empty\n";
+
+/// What a lock file holds when its uid's last holder let it go with no
+/// process alive but with leftovers its pass could not remove in its
+/// budget: no claim takes it; a sweep removes the rest, then marks it
+/// [`CLEAN`].
+const LEFT: &[u8] = b"leftovers left\n";
 
 /// What a claim writes over [`CLEAN`] (as long, so that the file is never
 /// truncated: where `/run` is on a disk, ext4 writes a file truncated to
@@ -156,7 +171,16 @@ pub struct UidPool {
     /// Uids this process let go clean, the oldest first, each with when the
     /// user database last said it has no such user or group.
     recent: Recent,
+    /// Where what a job's uid leaves is looked for.
+    leftovers: Arc<Leftovers>,
+    /// The gid of jobs, when it is not their uid's number.
+    gid: Option<u32>,
+    /// Uids this process let go with leftovers ([`LEFT`]), for the sweep.
+    left: Left,
 }
+
+/// See [`UidPool::tidy`].
+type Left = Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>;
 
 /// See [`UidPool::try_claim_recent`].
 type Recent = Arc<std::sync::Mutex<std::collections::VecDeque<(u32, Instant)>>>;
@@ -170,7 +194,8 @@ const DATABASE_FRESH: Duration = Duration::from_secs(10);
 pub struct Shortage {
     /// Uids claimed by running jobs (of this or another supervisor).
     pub held: u64,
-    /// Uids that are free but for processes still alive.
+    /// Uids that are free but for processes still alive, or for what an
+    /// earlier job left that is not removed yet.
     pub lingering: Vec<u32>,
 }
 
@@ -180,7 +205,7 @@ impl std::fmt::Display for Shortage {
         if !self.lingering.is_empty() {
             write!(
                 f,
-                ", {:?} kept out of use by processes that outlived their job",
+                ", {:?} kept out of use by processes that outlived their job or by files they left",
                 self.lingering
             )?;
         }
@@ -230,7 +255,36 @@ impl UidPool {
             same_gid,
             excluded,
             recent: Recent::default(),
+            leftovers: Arc::new(Leftovers::new(false, false)),
+            gid: None,
+            left: Left::default(),
         })
+    }
+
+    /// Looks for what a job's uid leaves in `leftovers`' places, for jobs
+    /// whose gid is `gid` (`None`: their uid's number).
+    pub fn leaving(mut self, leftovers: Leftovers, gid: Option<u32>) -> Self {
+        self.leftovers = Arc::new(leftovers);
+        self.gid = gid;
+        self
+    }
+
+    /// The gid of a job under `uid`.
+    fn gid_of(&self, uid: u32) -> u32 {
+        self.gid.unwrap_or(uid)
+    }
+
+    /// A claim of `uid` under `lock`.
+    fn claimed(&self, uid: u32, lock: Flock<File>, checked: Instant) -> ClaimedUid {
+        ClaimedUid {
+            uid,
+            gid: self.gid_of(uid),
+            lock,
+            checked,
+            recent: Arc::clone(&self.recent),
+            leftovers: Arc::clone(&self.leftovers),
+            left: Arc::clone(&self.left),
+        }
     }
 
     /// The range.
@@ -285,12 +339,7 @@ impl UidPool {
             if !released_clean(&lock) || lock.write_all_at(HELD, 0).is_err() {
                 continue;
             }
-            return Some(ClaimedUid {
-                uid,
-                lock,
-                checked,
-                recent: Arc::clone(&self.recent),
-            });
+            return Some(self.claimed(uid, lock, checked));
         }
         None
     }
@@ -337,7 +386,7 @@ impl UidPool {
             // Checked under the lock: only a holder of the lock starts
             // processes of this uid, and a release lets go of it after
             // killing them, so what is alive now stays until it dies.
-            if !released_clean(&lock) && !processes_of(uid).is_empty() {
+            if !released_clean(&lock) && !self.emptied(uid, &lock) {
                 shortage.lingering.push(uid);
                 continue;
             }
@@ -347,22 +396,50 @@ impl UidPool {
                 lock.write_all_at(HELD, 0)
                     .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
             }
-            return Ok(Ok(ClaimedUid {
-                uid,
-                lock,
-                checked,
-                recent: Arc::clone(&self.recent),
-            }));
+            return Ok(Ok(self.claimed(uid, lock, checked)));
         }
         Ok(Err(shortage))
+    }
+
+    /// Whether `uid`, whose lock file does not say it was let go clean, has
+    /// no process alive and nothing left (a pass of [`Budget::CLAIM`]
+    /// removes what an earlier job left, unless its lock says a pass
+    /// already could not: that is the sweep's). Marks it [`LEFT`] when the
+    /// pass does not finish.
+    fn emptied(&self, uid: u32, lock: &File) -> bool {
+        use std::os::unix::fs::FileExt;
+        if left_behind(lock) || !processes_of(uid).is_empty() {
+            return false;
+        }
+        let removal = self.leftovers.remove(uid, self.gid_of(uid), Budget::CLAIM);
+        if removal.finished() {
+            return true;
+        }
+        if lock.write_all_at(LEFT, 0).is_ok() {
+            self.left
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid);
+        }
+        false
     }
 }
 
 /// Whether the lock file of a uid says its last holder let it go clean.
 fn released_clean(lock: &File) -> bool {
+    says(lock, CLEAN)
+}
+
+/// Whether the lock file of a uid says what its last holder left could not
+/// all be removed.
+fn left_behind(lock: &File) -> bool {
+    says(lock, LEFT)
+}
+
+fn says(lock: &File, mark: &[u8]) -> bool {
     use std::os::unix::fs::FileExt;
     let mut bytes = [0u8; 32];
-    matches!(lock.read_at(&mut bytes, 0), Ok(n) if &bytes[..n] == CLEAN)
+    matches!(lock.read_at(&mut bytes, 0), Ok(n) if &bytes[..n] == mark)
 }
 
 /// Makes the claims directory (mode 0700, its parent 0755) and checks that
@@ -371,10 +448,7 @@ fn released_clean(lock: &File) -> bool {
 fn prepare_lock_dir(dir: &Path) -> Result<(), String> {
     let fail = |what: String| format!("uid claims directory {}: {what}", dir.display());
     if let Some(parent) = dir.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent)
+        super::dirs::make(parent, 0o755, 0o755)
             .map_err(|e| fail(format!("cannot create {}: {e}", parent.display())))?;
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
@@ -455,11 +529,17 @@ fn live_processes() -> impl Iterator<Item = (i32, Vec<u32>)> {
 #[derive(Debug)]
 pub struct ClaimedUid {
     uid: u32,
+    /// The job's gid.
+    gid: u32,
     lock: Flock<File>,
     /// When the user database last said it has no such user.
     checked: Instant,
     /// Where a clean release puts the uid for the next claim.
     recent: Recent,
+    /// Where what the job leaves is looked for.
+    leftovers: Arc<Leftovers>,
+    /// Where a release with leftovers puts the uid for the sweep.
+    left: Left,
 }
 
 impl ClaimedUid {
@@ -471,16 +551,46 @@ impl ClaimedUid {
     /// Lets the uid go without looking for its processes: for a job whose
     /// cgroups were seen empty at its end ([`JobSandbox::end`]), which
     /// holds every process the job started (a search of `/proc` per job
-    /// is most of the supervisor's CPU for a short job).
+    /// is most of the supervisor's CPU for a short job). What the job left
+    /// is removed first ([`ClaimedUid::tidy`]), off the async threads when
+    /// there is a runtime: the uid stays claimed meanwhile, and the job
+    /// need not wait.
     ///
     /// [`JobSandbox::end`]: super::sandbox::JobSandbox::end
     pub fn release_emptied(self) {
-        self.mark_clean();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || self.tidy())),
+            Err(_) => self.tidy(),
+        }
     }
 
-    /// Says in the lock file that no process of the uid is alive, and lets
-    /// the uid go. A failed write leaves the file as the claim made it: the
-    /// next claim searches.
+    /// Removes what the job left outside its scratch directory (a pass of
+    /// [`Budget::RELEASE`]) and lets the uid go: clean when nothing is
+    /// left, [`LEFT`] otherwise. No process of the uid may be alive.
+    /// Blocking.
+    fn tidy(self) {
+        use std::os::unix::fs::FileExt;
+        let removal = self.leftovers.remove(self.uid, self.gid, Budget::RELEASE);
+        if removal.finished() {
+            return self.mark_clean();
+        }
+        tracing::warn!(
+            uid = self.uid,
+            removed = removal.removed,
+            why = removal.unfinished.as_deref().unwrap_or_default(),
+            "the job's uid left more than one pass removes; no job gets this uid until a later pass has removed the rest"
+        );
+        if self.lock.write_all_at(LEFT, 0).is_ok() {
+            self.left
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.uid);
+        }
+    }
+
+    /// Says in the lock file that no process of the uid is alive and
+    /// nothing of it is left, and lets the uid go. A failed write leaves
+    /// the file as the claim made it: the next claim searches.
     fn mark_clean(self) {
         use std::os::unix::fs::FileExt;
         if self.lock.write_all_at(CLEAN, 0).is_ok() {
@@ -500,7 +610,7 @@ impl ClaimedUid {
         loop {
             let left = processes_of(self.uid);
             if left.is_empty() {
-                self.mark_clean();
+                self.tidy();
                 return left;
             }
             if Instant::now() > deadline {
@@ -538,24 +648,81 @@ impl UidPool {
     }
 }
 
+impl UidPool {
+    /// Removes what jobs left under the uids marked [`LEFT`] that no claim
+    /// holds and no process runs as (a pass of [`Budget::RELEASE`] each),
+    /// marking each one finished [`CLEAN`]: those this process marked, or
+    /// with `every`, every one of the range. Returns the uids made clean.
+    /// Blocking.
+    pub fn tidy(&self, every: bool) -> Vec<u32> {
+        use std::os::unix::fs::FileExt;
+        let uids: Vec<u32> = if every {
+            (self.range.first..=self.range.last).collect()
+        } else {
+            let left = self.left.lock().unwrap_or_else(|e| e.into_inner());
+            left.iter().copied().collect()
+        };
+        let mut cleaned = Vec::new();
+        for uid in uids {
+            let Some(lock) = self.lock_existing(uid) else {
+                continue;
+            };
+            if !left_behind(&lock) {
+                // Tidied by another supervisor's claim or sweep.
+                self.left
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&uid);
+                continue;
+            }
+            if !processes_of(uid).is_empty() {
+                continue;
+            }
+            let removal = self
+                .leftovers
+                .remove(uid, self.gid_of(uid), Budget::RELEASE);
+            let mut left = self.left.lock().unwrap_or_else(|e| e.into_inner());
+            if removal.finished() && lock.write_all_at(CLEAN, 0).is_ok() {
+                left.remove(&uid);
+                cleaned.push(uid);
+            } else {
+                left.insert(uid);
+            }
+        }
+        cleaned
+    }
+}
+
 /// Sweeps `pool` every [`SWEEP_EVERY`] for as long as the task runs.
 pub async fn keep_swept(pool: Arc<UidPool>) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
-        sweep_now(&pool).await;
+        sweep(&pool, false).await;
     }
 }
 
-/// Sweeps `pool` once, off the async threads, logging what it finds.
+/// Sweeps `pool` once, off the async threads, logging what it finds, and
+/// removes what jobs left under any uid of its range marked [`LEFT`].
 pub async fn sweep_now(pool: &Arc<UidPool>) {
+    sweep(pool, true).await;
+}
+
+/// Sweeps `pool` ([`UidPool::sweep`]) and tidies it ([`UidPool::tidy`],
+/// every uid of the range with `every`).
+async fn sweep(pool: &Arc<UidPool>, every: bool) {
     let sweeping = Arc::clone(pool);
-    if let Ok(found) = tokio::task::spawn_blocking(move || sweeping.sweep()).await
-        && !found.is_empty()
-    {
+    let swept = tokio::task::spawn_blocking(move || (sweeping.sweep(), sweeping.tidy(every))).await;
+    let Ok((found, cleaned)) = swept else {
+        return;
+    };
+    if !found.is_empty() {
         tracing::warn!(
             uids = ?found,
             "processes run as uids of worker-uids that no job of this supervisor holds; those uids are searched again before they are next handed out (is something else using this range?)"
         );
+    }
+    if !cleaned.is_empty() {
+        tracing::info!(uids = ?cleaned, "removed the rest of what jobs left under these uids; they are handed out again");
     }
 }
 
@@ -908,6 +1075,63 @@ mod tests {
             0,
             "violations in {claims} claims (seed {seed})"
         );
+    }
+
+    /// What a job leaves outside its scratch directory goes before its uid
+    /// is let go clean; what a pass cannot remove keeps the uid out of use
+    /// (no claim takes it) until a sweep's pass has removed it.
+    #[test]
+    fn a_uid_is_let_go_clean_only_once_what_its_job_left_is_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let uid = 70821;
+        let Some((dir, pool)) = pool_as_root("70821") else {
+            return;
+        };
+        let place = dir.path().join("tmp");
+        std::fs::create_dir(&place).unwrap();
+        std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let pool = pool.leaving(Leftovers::only(&[&place]), None);
+        let lock = dir.path().join("uids").join(format!("{uid}.lock"));
+        let of_uid = |path: &Path| {
+            std::fs::write(path, "secret").unwrap();
+            std::os::unix::fs::lchown(path, Some(uid), Some(uid)).unwrap();
+        };
+
+        let claimed = pool.try_claim().unwrap().unwrap();
+        of_uid(&place.join("secret"));
+        claimed.release_emptied();
+        assert!(!place.join("secret").exists(), "the job's file outlived it");
+        assert_eq!(std::fs::read(&lock).unwrap(), CLEAN);
+
+        // Another's writable directories, nested deeper than a pass goes,
+        // with a file of the uid's at the bottom: the pass cannot finish.
+        let claimed = pool.try_claim_recent().expect("let go clean");
+        let mut deep = place.clone();
+        for level in 0..=super::super::leftovers::MAX_DEPTH {
+            deep = deep.join(format!("d{level}"));
+            std::fs::create_dir(&deep).unwrap();
+            std::fs::set_permissions(&deep, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        of_uid(&deep.join("secret"));
+        claimed.release_emptied();
+        assert_eq!(std::fs::read(&lock).unwrap(), LEFT);
+        assert!(pool.try_claim_recent().is_none());
+        let shortage = pool.try_claim().unwrap().unwrap_err();
+        assert_eq!(shortage.lingering, vec![uid]);
+        assert!(
+            pool.tidy(false).is_empty(),
+            "tidied with the file still there"
+        );
+
+        // Once the tree is gone (its owner moved the file out and removed
+        // it), the sweep's pass removes the file and the uid is handed out
+        // again.
+        std::fs::rename(deep.join("secret"), place.join("moved")).unwrap();
+        std::fs::remove_dir_all(place.join("d0")).unwrap();
+        assert_eq!(pool.tidy(false), vec![uid]);
+        assert!(!place.join("moved").exists());
+        assert_eq!(std::fs::read(&lock).unwrap(), CLEAN);
+        assert!(pool.try_claim().unwrap().is_ok());
     }
 
     /// A uid this process let go clean is claimed again first, without a

@@ -421,3 +421,74 @@ fn data_larger_than_the_output_cap_and_output_after_run_keep_the_data() {
     });
     assert_eq!(job["data"]["blob"].as_str().map(str::len), Some(200 * 1024));
 }
+
+/// With `--server` and no state directory yet, and the umask of a
+/// service (077), the supervisor makes the state directory and each one
+/// above it that is missing passable by other uids (0711), its spool 0700:
+/// a PHP job under a uid of its own reads the runner in the scratch
+/// directory inside it, and runs.
+#[test]
+fn a_php_job_runs_under_a_uid_of_its_own_in_a_state_directory_the_supervisor_made() {
+    let test = "a_php_job_runs_under_a_uid_of_its_own_in_a_state_directory_the_supervisor_made";
+    if !php_here(test) {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED {test}: a uid per job needs root, and this test is not running as root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url)
+        .user(None)
+        .default_state()
+        .wrapped(&["sh", "-c", "umask 077 && exec \"$@\"", "sh"]);
+    std::fs::set_permissions(builder.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let state = builder.path().join("var/lib/jobmgr");
+    let builder = builder
+        .arg("--db")
+        .arg(state.join("jobs.db").to_str().expect("utf-8 path"))
+        .arg("--worker-uids")
+        .arg("70030-70031")
+        .arg("--max-workers")
+        .arg("2");
+    let sup = php_supervisor_as(builder, &[]);
+    let id = api.create(json!({"name": "www/WhoAmI", "repeat": "FINISHED, +1 HOUR"}));
+    wait_for("the job's first run to end", &sup, || {
+        let ended = attempts(&api, id).iter().any(|a| a["outcome"] != "running");
+        ended.then_some(())
+    });
+    // Read after the run's end: it finished with the data its class set.
+    let job = api.job(id);
+    assert!(
+        job["data"]["uid"].as_i64().is_some_and(|uid| uid >= 70030),
+        "the job did not run under a uid of its own: {job}; history {:?}",
+        attempts(&api, id)
+    );
+    let mode = |path: &Path| {
+        std::fs::metadata(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    for dir in [
+        above(&state, 2),
+        above(&state, 1),
+        state.clone(),
+        state.join("scratch"),
+    ] {
+        assert_eq!(mode(&dir), 0o711, "{}", dir.display());
+    }
+    assert_eq!(mode(&state.join("spool")), 0o700);
+}
+
+/// The directory `levels` above `dir`.
+fn above(dir: &Path, levels: usize) -> PathBuf {
+    dir.ancestors()
+        .nth(levels)
+        .expect("an ancestor")
+        .to_path_buf()
+}

@@ -507,3 +507,166 @@ fn a_range_systemd_or_root_may_use_is_refused_at_start() {
         "check-config shows the setting: {stdout}"
     );
 }
+
+/// Removes, when dropped, what a test's jobs may have left under `uid`
+/// outside their scratch directories (should the supervisor not have), and
+/// the keys named `key` they may have left in this process's session
+/// keyring (inherited by the supervisor and its workers).
+struct LeftoversOf {
+    uid: u32,
+    paths: Vec<PathBuf>,
+    key: String,
+}
+
+impl Drop for LeftoversOf {
+    fn drop(&mut self) {
+        for path in &self.paths {
+            let _ = std::fs::remove_file(path);
+        }
+        let _ = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(format!("{KEYCTL}\nunlink_all({:?})", self.key))
+            .run_bounded("python3 unlink_all");
+        let shm = std::fs::read_to_string("/proc/sysvipc/shm").unwrap_or_default();
+        for line in shm.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let uid = self.uid.to_string();
+            if fields.get(7) == Some(&uid.as_str()) || fields.get(9) == Some(&uid.as_str()) {
+                let _ = std::process::Command::new("ipcrm")
+                    .args(["-m", fields[1]])
+                    .run_bounded("ipcrm");
+            }
+        }
+    }
+}
+
+/// Python's way to the kernel's keys (`add_key`, `keyctl`), for workers:
+/// `add(description, keyring)`, `found(description, keyring)`,
+/// `unlink_all(description)` (from the session keyring); keyrings -3 (the
+/// session's) and -4 (the user's).
+const KEYCTL: &str = r#"import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+def add(name, ring):
+    return libc.syscall(ADD_KEY, b"user", name.encode(), b"secret", 6, ring)
+def found(name, ring):
+    return libc.syscall(KEYCTL, 10, ring, b"user", name.encode(), 0) > 0
+def unlink_all(name):
+    while True:
+        key = libc.syscall(KEYCTL, 10, -3, b"user", name.encode(), 0)
+        if key <= 0 or libc.syscall(KEYCTL, 9, key, -3) != 0:
+            break"#;
+
+/// A job under a uid of its own leaves a 0600 file in /dev/shm and one in
+/// /var/tmp, a System V shared memory segment, a symlink out of /var/tmp,
+/// and a key in its user keyring and in its session keyring; the next job
+/// given the same uid (the range holds one) finds none of them, and what
+/// the symlink named is untouched.
+#[test]
+fn a_reused_uid_finds_nothing_its_previous_job_left() {
+    let test = "a_reused_uid_finds_nothing_its_previous_job_left";
+    if skip_unless_root(test) {
+        return;
+    }
+    let uid = 70020;
+    let tag = format!("jobmgr-test-{:016x}", rand::random::<u64>());
+    let (shm, var_tmp, link) = (
+        PathBuf::from(format!("/dev/shm/{tag}")),
+        PathBuf::from(format!("/var/tmp/{tag}")),
+        PathBuf::from(format!("/var/tmp/{tag}-link")),
+    );
+    let _cleanup = LeftoversOf {
+        uid,
+        paths: vec![shm.clone(), var_tmp.clone(), link.clone()],
+        key: tag.clone(),
+    };
+    let server = Server::start();
+    let api = server.api();
+    let (builder, out) = open_builder(&server, None);
+    let leave = sh(&format!(
+        r#"cat > /dev/null
+id -u > "$OUT/leave-uid"
+(umask 077; echo secret > {shm}; echo secret > {var_tmp})
+ln -s "$OUT" {link}
+ipcmk -M 4096 > /dev/null && echo shm-segment-made >> "$OUT/made"
+[ -e {shm} ] && echo dev-shm-made >> "$OUT/made"
+[ -e {var_tmp} ] && echo var-tmp-made >> "$OUT/made"
+[ -L {link} ] && echo link-made >> "$OUT/made"
+python3 - >> "$OUT/made" <<'PY'
+{KEYCTL}
+for name, ring in (("user", -4), ("session", -3)):
+    if add("{tag}", ring) > 0:
+        print(name + "-key-made")
+PY
+exit 0"#,
+        shm = shm.display(),
+        var_tmp = var_tmp.display(),
+        link = link.display(),
+    ));
+    let look = sh(&format!(
+        r#"cat > /dev/null
+id -u > "$OUT/look-uid"
+{{
+  cat {shm} 2>/dev/null && echo dev-shm-found
+  cat {var_tmp} 2>/dev/null && echo var-tmp-found
+  [ -L {link} ] && echo link-found
+  awk -v me="$(id -u)" 'NR > 1 && ($8 == me || $10 == me) {{ print "shm-segment-found", $2 }}' /proc/sysvipc/shm
+  python3 - <<'PY'
+{KEYCTL}
+for name, ring in (("user", -4), ("session", -3)):
+    if found("{tag}", ring):
+        print(name + "-key-found")
+PY
+}} > "$OUT/found"
+exit 0"#,
+        shm = shm.display(),
+        var_tmp = var_tmp.display(),
+        link = link.display(),
+    ));
+    let sup = with_args(
+        builder.worker("Leave", &leave).worker("Look", &look),
+        &["--worker-uids", "70020", "--max-workers", "1"],
+    )
+    .start();
+    std::fs::write(out.join("keep"), "the drop box").unwrap();
+    let left = api.create(json!({"name": "Leave"}));
+    wait_for("the leaving job to finish", &sup, || {
+        api.state(left).is_none().then_some(())
+    });
+    let made = std::fs::read_to_string(out.join("made")).unwrap_or_default();
+    for what in [
+        "shm-segment-made",
+        "dev-shm-made",
+        "var-tmp-made",
+        "link-made",
+        "user-key-made",
+        "session-key-made",
+    ] {
+        assert!(made.contains(what), "the job did not leave {what}: {made}");
+    }
+    let looked = api.create(json!({"name": "Look"}));
+    wait_for("the looking job to finish", &sup, || {
+        api.state(looked).is_none().then_some(())
+    });
+    let uids: Vec<String> = ["leave-uid", "look-uid"]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(out.join(f))
+                .unwrap()
+                .trim()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(uids, [uid.to_string(), uid.to_string()]);
+    let found = std::fs::read_to_string(out.join("found")).unwrap();
+    assert_eq!(
+        found.trim(),
+        "",
+        "the next job under the uid found what the last one left; {}",
+        sup.logs()
+    );
+    assert!(
+        out.join("keep").exists(),
+        "the removal followed the symlink"
+    );
+}

@@ -64,6 +64,7 @@ mod sandbox;
 mod shared_store;
 mod store_health;
 mod supervisor;
+mod supervisor_cgroups;
 mod tags;
 mod throttles;
 mod tls;

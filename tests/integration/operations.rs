@@ -296,3 +296,85 @@ fn completions_and_the_man_page_come_from_the_command_line_definition() {
         assert!(page.contains(option), "the man page has {option}");
     }
 }
+
+/// The status file names every running job, query string and all, and its
+/// worker's pid: it is mode 0640 whatever the supervisor's umask (022 as
+/// at a shell, 077 as under its systemd unit). A worker under a uid of its
+/// own cannot read it; `jobmgr status` run by a member of the supervisor's
+/// group can, and run by anyone else it says why it cannot.
+#[test]
+fn the_status_file_is_readable_by_the_supervisors_user_and_group_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let test = "the_status_file_is_readable_by_the_supervisors_user_and_group_only";
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED {test}: running as other uids needs root");
+        return;
+    }
+    let server = Server::start();
+    let api = server.api();
+    for umask in ["022", "077"] {
+        let builder = Supervisor::builder(&server.url).user(None).wrapped(&[
+            "sh",
+            "-c",
+            &format!("umask {umask} && exec \"$@\""),
+            "sh",
+        ]);
+        // Workers of any uid pass through the supervisor's directory (and
+        // reach the status file beside its spool, if its mode lets them).
+        std::fs::set_permissions(builder.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = builder.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let path = builder.path().join("status.json");
+        let peek = format!(
+            "#!/bin/sh\ncat > /dev/null\nif cat '{}' > /dev/null 2>&1; then echo read; else echo denied; fi > '{out}/peek.tmp'\nmv '{out}/peek.tmp' '{out}/peek'\n",
+            path.display(),
+            out = out.display()
+        );
+        let sup = builder
+            .worker("Peek", &peek)
+            .arg("--worker-uids")
+            .arg("70040")
+            .arg("--max-workers")
+            .arg("1")
+            .start();
+        let id = api.create(json!({"name": "Peek?secret=query"}));
+        let said = wait_for("the worker's try", &sup, || {
+            std::fs::read_to_string(out.join("peek")).ok()
+        });
+        assert_eq!(
+            said.trim(),
+            "denied",
+            "umask {umask}: a worker read the status file"
+        );
+        wait_for("the job to finish", &sup, || {
+            api.state(id).is_none().then_some(())
+        });
+        let metadata = std::fs::metadata(&path).unwrap();
+        assert_eq!(metadata.mode() & 0o7777, 0o640, "umask {umask}");
+
+        // An operator in the supervisor's group, and someone else.
+        let run_as = |uid: u32, gid: u32| {
+            let output = Command::new(bin())
+                .arg("status")
+                .arg("--status-file")
+                .arg(&path)
+                .env_remove("JOBMGR_STATUS_FILE")
+                .uid(uid)
+                .gid(gid)
+                .run_bounded("jobmgr status as another user");
+            (
+                output.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+                String::from_utf8_lossy(&output.stderr).into_owned(),
+            )
+        };
+        let (code, out_text, err) = run_as(70041, metadata.gid());
+        assert_eq!(code, 0, "umask {umask}: a member of the group: {err}");
+        assert!(out_text.contains("jobmgr supervisor pid"), "{out_text}");
+        let (code, _, err) = run_as(70042, 70042);
+        assert_eq!(code, 2, "umask {umask}: someone else: {err}");
+        assert!(err.contains("mode 640"), "{err}");
+    }
+}

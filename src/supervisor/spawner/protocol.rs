@@ -48,6 +48,9 @@ pub struct SpawnRequest {
     pub umask: u32,
     /// Who it runs as, if not the spawner's own user.
     pub credentials: Option<WireCredentials>,
+    /// Its uid is the job's own: its keyrings are emptied, and it gets a
+    /// session keyring of its own.
+    pub own_keyrings: bool,
     /// A network namespace of its own.
     pub no_network: bool,
     /// A /tmp of its own.
@@ -221,6 +224,7 @@ impl Request {
                         }
                     }
                 }
+                w.u8(s.own_keyrings.into());
                 w.u8(s.no_network.into());
                 w.u8(s.private_tmp.into());
                 w.u8(s.landlock.into());
@@ -287,6 +291,7 @@ impl Request {
                     rlimits,
                     umask,
                     credentials,
+                    own_keyrings: r.bool()?,
                     no_network: r.bool()?,
                     private_tmp: r.bool()?,
                     landlock: r.bool()?,
@@ -364,6 +369,7 @@ mod tests {
                 gid: 1000,
                 groups: vec![1, 2],
             }),
+            own_keyrings: true,
             no_network: true,
             private_tmp: false,
             landlock: true,

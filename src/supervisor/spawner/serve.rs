@@ -496,6 +496,7 @@ fn spawn_worker(
             gid: c.gid,
             groups: c.groups.clone(),
         }),
+        own_keyrings: spawn.own_keyrings,
         no_network: spawn.no_network,
         private_tmp: spawn.private_tmp,
         landlock: spawn.landlock.then(|| fds[4].as_raw_fd()),

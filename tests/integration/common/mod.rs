@@ -15,10 +15,12 @@ use serde_json::{Value, json};
 
 pub mod bedrock_conn;
 pub mod browser;
+mod cgroups;
 mod fault_proxy;
 mod pg;
 mod process;
 mod waits;
+pub use cgroups::{TestCgroup, pids_below};
 pub use fault_proxy::FaultProxy;
 pub use pg::{StoreKind, TestDatabase, skip_on_postgres, store_is_postgres, store_kind};
 pub use process::*;
@@ -958,6 +960,12 @@ pub struct SupervisorBuilder {
     workers: Vec<(String, String)>,
     dir: tempfile::TempDir,
     without_cgroups: bool,
+    /// A command it runs under (`unshare …`, `sh -c …`), if any.
+    wrapper: Vec<String>,
+    /// The `cgroup.procs` files it joins before its exec.
+    cgroup_procs: Vec<std::ffi::CString>,
+    /// Whether its scratch directory and spool are left to their defaults.
+    default_state: bool,
 }
 
 impl Supervisor {
@@ -987,6 +995,9 @@ impl Supervisor {
             workers: Vec::new(),
             dir,
             without_cgroups: false,
+            wrapper: Vec::new(),
+            cgroup_procs: Vec::new(),
+            default_state: false,
         }
     }
 
@@ -1150,6 +1161,27 @@ impl SupervisorBuilder {
         self
     }
 
+    /// Runs it under `command` (its words; the supervisor's command line
+    /// follows them): `unshare --pid …` to give it a PID namespace, `sh -c
+    /// 'umask 077 && exec "$@"' sh` to give it a umask.
+    pub fn wrapped(mut self, command: &[&str]) -> Self {
+        self.wrapper = command.iter().map(|w| w.to_string()).collect();
+        self
+    }
+
+    /// Starts it in `cgroup` (it joins it before its exec).
+    pub fn in_cgroup(mut self, cgroup: &TestCgroup) -> Self {
+        self.cgroup_procs = cgroup.procs_files();
+        self
+    }
+
+    /// Leaves its scratch directory and spool to their defaults (in the
+    /// state directory: that of `--db`, or `/var/lib/jobmgr`).
+    pub fn default_state(mut self) -> Self {
+        self.default_state = true;
+        self
+    }
+
     /// A worker script (made executable) in the worker directory.
     pub fn worker(mut self, name: &str, script: &str) -> Self {
         self.workers.push((name.to_string(), script.to_string()));
@@ -1174,7 +1206,14 @@ impl SupervisorBuilder {
         let stderr_path = dir.path().join("stderr");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
         let d = dir.path();
-        let mut command = Command::new(bin());
+        let mut command = match self.wrapper.split_first() {
+            Some((program, words)) => {
+                let mut command = Command::new(program);
+                command.args(words).arg(bin());
+                command
+            }
+            None => Command::new(bin()),
+        };
         // Only what the test says: no /etc/jobmgr files, no JOBMGR_*
         // variables from the environment the tests run in.
         if !self.args.iter().any(|a| a == "--config") {
@@ -1188,13 +1227,15 @@ impl SupervisorBuilder {
             }
         }
         command.envs(self.envs.iter().map(|(k, v)| (k, v)));
+        command.arg("--worker-path").arg(&workers);
+        if !self.default_state {
+            command
+                .arg("--scratch-dir")
+                .arg(d.join("scratch"))
+                .arg("--spool-dir")
+                .arg(d.join("spool"));
+        }
         command
-            .arg("--worker-path")
-            .arg(&workers)
-            .arg("--scratch-dir")
-            .arg(d.join("scratch"))
-            .arg("--spool-dir")
-            .arg(d.join("spool"))
             .arg("--loadavg-path")
             .arg(d.join("loadavg"))
             .arg("--meminfo-path")
@@ -1216,6 +1257,28 @@ impl SupervisorBuilder {
             .stdin(Stdio::null());
         if let Some(user) = &self.user {
             command.arg("--user").arg(user);
+        }
+        if !self.cgroup_procs.is_empty() {
+            use std::os::unix::process::CommandExt;
+            let files = self.cgroup_procs.clone();
+            // SAFETY: only system calls on strings made before the fork.
+            unsafe {
+                command.pre_exec(move || {
+                    use nix::libc;
+                    for file in &files {
+                        let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        if fd < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
+                        libc::close(fd);
+                        if wrote != 1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
         }
         if self.without_cgroups {
             use std::os::unix::process::CommandExt;
