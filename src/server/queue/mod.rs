@@ -570,7 +570,7 @@ impl Queue {
         let queue = self.clone();
         self.inner.tasks.spawn(async move {
             if let Err(error) = queue.return_undelivered(handouts).await {
-                tracing::error!(%error, "could not put back undelivered jobs; a leased one returns when its lease lapses, one held until reported stays RUNNING until requeued");
+                tracing::error!(%error, "could not put back undelivered jobs; a leased one returns when its lease lapses, one held until reported stays RUNNING until reported or failed (or --requeue-unleased-after)");
             }
         });
     }

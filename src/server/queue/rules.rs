@@ -722,18 +722,33 @@ pub fn cancel(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
 }
 
 /// RequeueJobs: the jobs go back to QUEUED, due at their creation time.
+/// Refused whole, naming them, when any of them is held (see
+/// [`Job::is_held_at`]): queued again, it would run twice at once.
 pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
     if let Some(name) = &cmd.name {
         check_name(name)?;
     }
-    let mut requeued = 0;
     // Locked in id order, whatever order the client gave: two requests
     // naming the same jobs through two servers must not wait on each other.
     let mut ids = cmd.ids.clone();
     ids.sort_unstable();
     ids.dedup();
+    let mut jobs = Vec::with_capacity(ids.len());
     for id in ids {
-        let Some(mut job) = tx.get(id)? else { continue };
+        jobs.extend(tx.get(id)?);
+    }
+    let now = tx.now;
+    let held: Vec<JobId> = jobs
+        .iter()
+        .filter(|job| job.is_held_at(now))
+        .map(|job| job.id)
+        .collect();
+    if !held.is_empty() {
+        return Err(JobError::RequeueHeld(held));
+    }
+    let mut requeued = 0;
+    for mut job in jobs {
+        let id = job.id;
         // A job waiting for its dependencies keeps waiting, due at its
         // creation time once they finish.
         if job.state != JobState::Depends {

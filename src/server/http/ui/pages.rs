@@ -566,6 +566,11 @@ pub async fn job(
         "attempts": attempts,
         "attempts_total": history.attempts_total,
         "actions": history.job.is_some(),
+        // Not while a worker holds it: queued again, it would run twice.
+        "retryable": history
+            .job
+            .as_ref()
+            .is_some_and(|j| !j.is_held_at(ui.queue.now())),
         // Bedrock cancels child jobs only.
         "cancellable": history.job.as_ref().is_some_and(|j| j.is_child()),
         "priority": priority,
