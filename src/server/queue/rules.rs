@@ -308,9 +308,31 @@ fn retry_after_count(data: &Data) -> i64 {
     }
 }
 
+/// The job as it is now (`current`), with what a hand-out changed put back
+/// as it was before it (`before`): its state, due time, last run and the
+/// run it was due at, attempt count, lease, and the `retryAfter`
+/// bookkeeping in its data. What was changed since (an UpdateJob's data,
+/// priority or repeat) stays: the job is as if that change had come before
+/// the hand-out.
+fn undo_handout(mut current: Job, before: &Job) -> Job {
+    current.state = before.state;
+    current.next_run = before.next_run;
+    current.last_run = before.last_run;
+    current.scheduled_run = before.scheduled_run;
+    current.attempts = before.attempts;
+    current.lease = before.lease.clone();
+    for key in BOOKKEEPING_KEYS {
+        match before.data.get(key) {
+            Some(value) => current.data.insert(key.into(), value.clone()),
+            None => current.data.remove(key),
+        };
+    }
+    current
+}
+
 /// Puts back jobs whose hand-out could not be delivered (the client went
-/// away), exactly as they were, provided nobody reported on them since. The
-/// hand-out does not count.
+/// away) as they were before it (see [`undo_handout`]), provided nobody
+/// reported on them since. The hand-out does not count.
 pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usize, JobError> {
     let mut returned = 0;
     // Locked in id order (see `requeue`).
@@ -325,9 +347,10 @@ pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usiz
             .as_ref()
             .is_some_and(|l| l.token == handout.lease_token);
         if still_ours {
-            tx.update(&handout.job)?;
-            record::undelivered(tx, handout.job.id)?;
-            emit::plain(tx, EventKind::Returned, &handout.job);
+            let job = undo_handout(current, &handout.job);
+            tx.update(&job)?;
+            record::undelivered(tx, job.id)?;
+            emit::plain(tx, EventKind::Returned, &job);
             returned += 1;
         }
     }
@@ -335,11 +358,11 @@ pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usiz
 }
 
 /// HandBackJob: the holder of a hand-out it never started puts the job back
-/// exactly as it was before that hand-out (its state, due time, data,
-/// attempts and `retryAfter` count), as if it had never been handed out: no
-/// attempt, lapse or report is counted, and the ledger forgets the hand-out.
-/// Its children are untouched, so a resumed parent's next hand-out reports
-/// them again.
+/// as it was before that hand-out (see [`undo_handout`]: its state, due
+/// time, attempts and `retryAfter` count; an UpdateJob made meanwhile
+/// stays), as if it had never been handed out: no attempt, lapse or report
+/// is counted, and the ledger forgets the hand-out. Its children are
+/// untouched, so a resumed parent's next hand-out reports them again.
 pub fn hand_back(tx: &mut Tracked, id: JobId, token: &str) -> Result<(), JobError> {
     let job = tx.existing(id)?;
     check_lease(&job, Some(token))?;
@@ -350,8 +373,9 @@ pub fn hand_back(tx: &mut Tracked, id: JobId, token: &str) -> Result<(), JobErro
         .store()
         .take_before_handout(id, token)?
         .ok_or(JobError::HandOutNotKept(id))?;
-    tx.update(&before)?;
-    emit::plain(tx, EventKind::Returned, &before);
+    let job = undo_handout(job, &before);
+    tx.update(&job)?;
+    emit::plain(tx, EventKind::Returned, &job);
     record::undelivered(tx, id)
 }
 
