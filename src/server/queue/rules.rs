@@ -22,9 +22,10 @@ pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
 /// The data key where GetJob counts unreported `retryAfter` hand-outs.
 const RETRY_AFTER_COUNT: &str = "retryAfterCount";
 
-/// The data key where the first hand-out of a `retryAfter` job with a
-/// `SCHEDULED` repeat keeps the nextRun it was due at: the base of its next
-/// run, which the `retryAfter` hand-outs overwrite in `nextRun`.
+/// The data key where every hand-out of a `retryAfter` job with a
+/// `SCHEDULED` repeat keeps the nextRun it was due at, overwriting the
+/// earlier one (as Bedrock does): the base of its next run, since the
+/// hand-out moves `nextRun` to when it is handed out again. Reports keep it.
 const ORIGINAL_NEXT_RUN: &str = "originalNextRun";
 
 /// Data keys that are bookkeeping, not the caller's, when comparing data for
@@ -282,14 +283,15 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
 }
 
 /// Bedrock's bookkeeping in the data of a `retryAfter` job handed out while
-/// due at `due`: the hand-out is counted (not for a [`is_manual`] job), and a
-/// `SCHEDULED` repeat's first hand-out keeps `due` in `originalNextRun`.
+/// due at `due`: the hand-out is counted (not for a [`is_manual`] job), and
+/// with a `SCHEDULED` repeat `due` goes in `originalNextRun`, replacing what
+/// an earlier hand-out put there.
 fn note_retry_after_handout(job: &mut Job, due: Timestamp) {
     if !is_manual(&job.name) {
         let count = retry_after_count(&job.data) + 1;
         job.data.insert(RETRY_AFTER_COUNT.into(), json!(count));
     }
-    if repeats_from_schedule(&job.repeat) && !job.data.contains_key(ORIGINAL_NEXT_RUN) {
+    if repeats_from_schedule(&job.repeat) {
         job.data
             .insert(ORIGINAL_NEXT_RUN.into(), json!(due.to_string()));
     }
@@ -475,7 +477,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     }
 
     // A retryAfter job's schedule anchor is the server's: it outlives new
-    // data until the repeat has used it.
+    // data (the next hand-out replaces it).
     let original_next_run = if job.retry_after.is_empty() {
         None
     } else {
@@ -528,7 +530,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     }
 
     // A retryAfter hand-out moved nextRun; the run was due at the time the
-    // first hand-out kept.
+    // latest hand-out kept.
     let scheduled = if !job.retry_after.is_empty() && repeats_from_schedule(&repeat) {
         original_next_run
             .as_ref()
@@ -544,10 +546,6 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     } else {
         None
     };
-    if next.is_some() && original_next_run.is_some() {
-        // This occurrence is over; the next one's first hand-out anchors it.
-        job.data.remove(ORIGINAL_NEXT_RUN);
-    }
     let next = match (&report, next) {
         (_, Some(next)) => Some(next),
         (Report::Retry(retry), None) => Some(match retry.next_run {
