@@ -125,7 +125,8 @@ pub enum JobError {
         "Idempotency key {0} was first used with a different request; send a new key with a new request"
     )]
     IdempotencyKeyReused(String),
-    /// A list of dependencies longer than [`super::MAX_DEPENDS`].
+    /// A list of dependencies naming more than [`super::MAX_DEPENDS`]
+    /// distinct jobs (duplicates count once).
     #[error(
         "Malformed {0}: at most 100 jobs; a job that must wait for more can wait for one job that waits for them"
     )]
