@@ -15,6 +15,7 @@ use crate::protocol::{
 };
 use crate::server::calendar;
 use crate::server::events::EventKind;
+use crate::server::ledger::failure::is_no_worker_hand_back;
 
 /// Hand-outs of a `retryAfter` job without a report after which it fails.
 pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
@@ -449,6 +450,12 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         Report::Finish(_) => EventKind::Finished,
         Report::Retry(_) => EventKind::Retried,
     };
+    // Handed back for want of its worker, the job did not run: that
+    // hand-out counts no attempt.
+    let no_worker = matches!(report, Report::Retry(_)) && is_no_worker_hand_back(data.as_ref());
+    if no_worker {
+        job.attempts = job.attempts.saturating_sub(1).max(0);
+    }
     let record_report = |tx: &mut Tracked, job: &Job, leaves: Leaves| {
         let (kind, state) = match leaves {
             Leaves::Stays if job.state == JobState::Paused => (EventKind::Paused, job.state),
@@ -457,6 +464,9 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
             Leaves::Failed => (EventKind::Failed, JobState::Failed),
         };
         emit::reported(tx, kind, job, state, outcome, run);
+        if no_worker && leaves == Leaves::Stays {
+            return record::handed_back(tx, job, data.as_ref(), run, by_holder);
+        }
         record::reported(tx, job, outcome, data.as_ref(), run, leaves, by_holder)
     };
     if job.is_child() {
