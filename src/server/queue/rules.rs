@@ -539,43 +539,15 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         ignore_repeat = retry.ignore_repeat;
     }
 
-    // A retryAfter hand-out moved nextRun; the run was due at the time the
-    // latest hand-out kept.
-    let scheduled = if !job.retry_after.is_empty() && repeats_from_schedule(&repeat) {
-        original_next_run
-            .as_ref()
-            .and_then(Value::as_str)
-            .and_then(Timestamp::parse)
-            .or(job.scheduled_run)
-            .unwrap_or(job.next_run)
-    } else {
-        job.next_run
-    };
     let next = if !repeat.is_empty() && !ignore_repeat {
+        let scheduled = scheduled_base(&job, &repeat, original_next_run.as_ref());
         repeat_time(&job, &repeat, scheduled, now)
     } else {
         None
     };
     let next = match (&report, next) {
         (_, Some(next)) => Some(next),
-        (Report::Retry(retry), None) => Some(match retry.next_run {
-            Some(at) => at,
-            None if retry.delay_secs < 0 => return Err(JobError::NegativeDelay),
-            None if retry.delay_secs > MAX_RETRY_DELAY_SECS => {
-                return Err(JobError::Malformed("delay"));
-            }
-            None => {
-                let at = now
-                    .whole_second()
-                    .plus_millis(retry.delay_secs.saturating_mul(1000));
-                // Beyond that, no time can be written (it came out as the
-                // year -262143, as if long due).
-                if at > Timestamp::LATEST {
-                    return Err(JobError::Malformed("delay"));
-                }
-                at
-            }
-        }),
+        (Report::Retry(retry), None) => Some(retry_time(retry, now)?),
         (Report::Finish(_), None) => None,
     };
 
@@ -605,6 +577,43 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     }
     record_report(tx, &job, Leaves::Finished)?;
     tx.delete(id)
+}
+
+/// What a report's repeat counts from: the run's due time, which for a
+/// `retryAfter` job with a `SCHEDULED` repeat is the one its latest
+/// hand-out kept (`original_next_run`), since the hand-out moved `nextRun`.
+fn scheduled_base(job: &Job, repeat: &str, original_next_run: Option<&Value>) -> Timestamp {
+    if job.retry_after.is_empty() || !repeats_from_schedule(repeat) {
+        return job.next_run;
+    }
+    original_next_run
+        .and_then(Value::as_str)
+        .and_then(Timestamp::parse)
+        .or(job.scheduled_run)
+        .unwrap_or(job.next_run)
+}
+
+/// When a RetryJob that does not follow a repeat runs next: its `nextRun`,
+/// else `delay` seconds from now (whole seconds, as Bedrock's `+N SECONDS`).
+fn retry_time(retry: &RetryJob, now: Timestamp) -> Result<Timestamp, JobError> {
+    if let Some(at) = retry.next_run {
+        return Ok(at);
+    }
+    if retry.delay_secs < 0 {
+        return Err(JobError::NegativeDelay);
+    }
+    if retry.delay_secs > MAX_RETRY_DELAY_SECS {
+        return Err(JobError::Malformed("delay"));
+    }
+    let at = now
+        .whole_second()
+        .plus_millis(retry.delay_secs.saturating_mul(1000));
+    // Beyond that, no time can be written (it came out as the year
+    // -262143, as if long due).
+    if at > Timestamp::LATEST {
+        return Err(JobError::Malformed("delay"));
+    }
+    Ok(at)
 }
 
 /// Queues a paused parent once none of its children is in `pending` states.
