@@ -210,7 +210,7 @@ pub enum JobCommand {
         /// The jobID.
         id: String,
     },
-    /// Put jobs back in the queue, due at their creation time.
+    /// Put jobs back in the queue, due at their creation time (refused for a job a worker holds).
     Requeue {
         /// The jobIDs.
         #[arg(required = true)]

@@ -549,7 +549,11 @@ pub fn print_history(history: &Value) {
         "#", "STARTED", "WAIT", "RUN", "OUTCOME", "EXIT"
     );
     for attempt in history["attempts"].as_array().into_iter().flatten() {
-        let exit = ending(attempt);
+        // A streak of hand-backs for want of the worker: how many.
+        let exit = match attempt["handBacks"].as_u64() {
+            Some(times) => format!("{} ×{times}", ending(attempt)),
+            None => ending(attempt),
+        };
         println!(
             "{:>3}  {:<23}  {:>8}  {:>8}  {:<12}  {:<16}  {}",
             cell(&attempt["attempt"]),

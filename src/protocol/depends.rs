@@ -2,6 +2,8 @@
 //! names in `depends`, and a later change of them (`add`, `remove`),
 //! checked alike on both wire front-ends.
 
+use std::collections::BTreeSet;
+
 use serde_json::Value;
 
 use super::{JobError, JobId};
@@ -22,19 +24,20 @@ pub struct ChangeDepends {
     pub remove: Vec<JobId>,
 }
 
-/// Checks a list of job ids given as numbers: each positive, at most
-/// [`MAX_DEPENDS`] of them; duplicates are dropped (the first kept), the
-/// order otherwise kept.
+/// Checks a list of job ids given as numbers: each positive; duplicates
+/// count once (the first kept, the order otherwise kept), and at most
+/// [`MAX_DEPENDS`] distinct jobs.
 pub fn check_depends(param: &'static str, ids: &[i64]) -> Result<Vec<JobId>, JobError> {
-    if ids.len() > MAX_DEPENDS {
-        return Err(JobError::TooManyDepends(param));
-    }
-    let mut out: Vec<JobId> = Vec::with_capacity(ids.len());
+    let mut seen = BTreeSet::new();
+    let mut out: Vec<JobId> = Vec::with_capacity(ids.len().min(MAX_DEPENDS));
     for &id in ids {
         if id <= 0 {
             return Err(JobError::Malformed(param));
         }
-        if !out.contains(&id) {
+        if seen.insert(id) {
+            if out.len() == MAX_DEPENDS {
+                return Err(JobError::TooManyDepends(param));
+            }
             out.push(id);
         }
     }
@@ -49,9 +52,6 @@ pub fn parse_depends(param: &'static str, text: &str) -> Result<Vec<JobId>, JobE
         Ok(Value::Array(items)) => items,
         _ => return Err(JobError::Malformed(param)),
     };
-    if items.len() > MAX_DEPENDS {
-        return Err(JobError::TooManyDepends(param));
-    }
     let ids = items
         .iter()
         .map(|item| item.as_i64().ok_or(JobError::Malformed(param)))
@@ -89,5 +89,23 @@ mod tests {
         );
         let hundred: Vec<i64> = (1..=100).collect();
         assert_eq!(check_depends("add", &hundred).map(|v| v.len()), Ok(100));
+        // Duplicates count once, also past the limit; a bad id anywhere is
+        // refused.
+        let twice: Vec<i64> = hundred.iter().flat_map(|&id| [id, id]).collect();
+        assert_eq!(check_depends("add", &twice), Ok(hundred.clone()));
+        let with_twin = format!("[{}, 1]", &many[1..many.len() - 5]);
+        assert_eq!(
+            parse_depends("depends", &with_twin).map(|v| v.len()),
+            Ok(100)
+        );
+        let mut bad = twice.clone();
+        bad.push(0);
+        assert_eq!(check_depends("add", &bad), Err(JobError::Malformed("add")));
+        let mut too_many = twice;
+        too_many.push(101);
+        assert_eq!(
+            check_depends("add", &too_many),
+            Err(JobError::TooManyDepends("add"))
+        );
     }
 }

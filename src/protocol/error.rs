@@ -94,6 +94,14 @@ pub enum JobError {
         "Cannot hand back job {0}: the server kept no copy of it from before this hand-out; retry it instead"
     )]
     HandOutNotKept(JobId),
+    /// RequeueJobs naming jobs that are held (see
+    /// [`super::Job::is_held_at`]): queued again, each would run twice at
+    /// once. Nothing was requeued.
+    #[error(
+        "Cannot requeue {}: a worker holds it under a lease that still holds, so it would run twice at once; nothing was requeued: wait for its report, or end it first (FailJob; a jobmgr supervisor stops the worker when it next renews the lease), then requeue it",
+        held_jobs(.0)
+    )]
+    RequeueHeld(Vec<JobId>),
     /// DeleteJob on a running job.
     #[error("Can't delete a RUNNING job")]
     DeleteRunning,
@@ -117,7 +125,8 @@ pub enum JobError {
         "Idempotency key {0} was first used with a different request; send a new key with a new request"
     )]
     IdempotencyKeyReused(String),
-    /// A list of dependencies longer than [`super::MAX_DEPENDS`].
+    /// A list of dependencies naming more than [`super::MAX_DEPENDS`]
+    /// distinct jobs (duplicates count once).
     #[error(
         "Malformed {0}: at most 100 jobs; a job that must wait for more can wait for one job that waits for them"
     )]
@@ -214,6 +223,7 @@ impl JobError {
             | NotHeldForFail
             | NotHeldForHandBack
             | HandOutNotKept(_)
+            | RequeueHeld(_)
             | DeleteRunning
             | DeletePaused
             | OutstandingChildren
@@ -257,6 +267,7 @@ impl JobError {
                     NotHeldForFail => "not_held_for_fail",
                     NotHeldForHandBack => "not_held_for_hand_back",
                     HandOutNotKept(_) => "hand_out_not_kept",
+                    RequeueHeld(_) => "requeue_held",
                     DeleteRunning => "delete_running",
                     DeletePaused => "delete_paused",
                     OutstandingChildren => "outstanding_children",
@@ -289,6 +300,22 @@ impl JobError {
     pub fn status_line(&self) -> String {
         format!("{} {}", self.status(), self)
     }
+}
+
+/// The most held jobs a refused RequeueJobs names.
+const HELD_NAMED: usize = 20;
+
+/// `job 12`, `jobs 12, 13`, or the first [`HELD_NAMED`] and how many more.
+fn held_jobs(ids: &[JobId]) -> String {
+    let named: Vec<String> = ids.iter().take(HELD_NAMED).map(JobId::to_string).collect();
+    let mut text = match ids.len() {
+        1 => format!("job {}", named.join(", ")),
+        _ => format!("jobs {}", named.join(", ")),
+    };
+    if ids.len() > HELD_NAMED {
+        text.push_str(&format!(" and {} more", ids.len() - HELD_NAMED));
+    }
+    text
 }
 
 /// `parentJobID` → `parent_job_id`, `jobIDs` → `job_ids`: a word starts
@@ -332,6 +359,20 @@ mod tests {
             JobError::UnrecognizedCommand.status_line(),
             "430 Unrecognized command"
         );
+    }
+
+    #[test]
+    fn a_refused_requeue_names_the_held_jobs() {
+        assert!(
+            JobError::RequeueHeld(vec![7])
+                .status_line()
+                .starts_with("405 Cannot requeue job 7: a worker holds it")
+        );
+        let many: Vec<JobId> = (1..=25).collect();
+        let line = JobError::RequeueHeld(many).to_string();
+        assert!(line.starts_with("Cannot requeue jobs 1, 2, "), "{line}");
+        assert!(line.contains(", 20 and 5 more: a worker"), "{line}");
+        assert_eq!(JobError::RequeueHeld(vec![1]).code(), "requeue_held");
     }
 
     #[test]

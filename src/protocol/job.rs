@@ -227,4 +227,15 @@ impl Job {
     pub fn is_child(&self) -> bool {
         self.parent_id != 0
     }
+
+    /// Whether a holder has the job at `now`: RUNNING or RUNQUEUED under a
+    /// lease that has not lapsed (one held until reported never does).
+    /// Such a job must not be handed out again: it would run twice at once.
+    pub fn is_held_at(&self, now: super::Timestamp) -> bool {
+        self.state.is_held()
+            && self
+                .lease
+                .as_ref()
+                .is_none_or(|lease| lease.expires.is_none_or(|expires| expires > now))
+    }
 }

@@ -42,9 +42,6 @@ pub(super) struct JobTask {
 
 impl JobTask {
     pub async fn run(mut self) {
-        if self.job.handout.contains_key("attempt") {
-            super::no_worker::drop_impossible_hand_backs(&mut self.job.data, self.job.attempt);
-        }
         let span = tracing::info_span!("job", job_id = self.job.id, job_name = %self.job.name);
         let held = matches!(self.place.get_mut(), Ok(Place::Held(..)));
         let on_board = Arc::new(self.shared.board.running(self.job.id, &self.job.name, held));
@@ -52,15 +49,11 @@ impl JobTask {
     }
 
     /// Which run of the job this is: the server's count where it keeps one
-    /// (less the no-worker hand-backs, which are no attempts), else one more
-    /// than the last failure recorded in the job's data.
+    /// (a jobmgr server counts no attempt for a no-worker hand-back), else
+    /// one more than the last failure recorded in the job's data.
     fn attempt(&self) -> i64 {
         if self.job.handout.contains_key("attempt") {
-            return self
-                .job
-                .attempt
-                .saturating_sub(super::no_worker::no_worker_hand_backs(&self.job.data))
-                .max(1);
+            return self.job.attempt.max(1);
         }
         self.job
             .data

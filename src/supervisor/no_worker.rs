@@ -18,8 +18,9 @@ use crate::protocol::Data;
 /// port, counts from the same time).
 pub const NO_WORKER_SINCE: &str = "noWorkerSince";
 
-/// The details key: how many times the job was handed back for want of its
-/// worker; these hand-outs are not counted as attempts.
+/// The details key: how many times in a row the job was handed back for
+/// want of its worker (a jobmgr server counts no attempt for them, and
+/// keeps one history row for the streak).
 pub const NO_WORKER_HAND_BACKS: &str = "noWorkerHandBacks";
 
 /// How many no-worker hand-backs the job's data records.
@@ -29,22 +30,6 @@ pub fn no_worker_hand_backs(data: &Data) -> i64 {
         .and_then(Value::as_i64)
         .unwrap_or(0)
         .max(0)
-}
-
-/// Removes a no-worker hand-back count that cannot be true: each hand-back
-/// was a hand-out, so before hand-out `attempt` (the server's count) there
-/// were at most `attempt - 1`. A larger count was put in the job's data by
-/// whoever wrote it (its creator, or a worker's child job), and would
-/// otherwise hold the job's attempt at 1, retrying it for ever.
-pub fn drop_impossible_hand_backs(data: &mut Data, attempt: i64) {
-    if no_worker_hand_backs(data) > attempt.saturating_sub(1).max(0)
-        && let Some(Value::Object(details)) = data.get_mut(DETAILS_KEY)
-    {
-        tracing::warn!(
-            "the job's data claims more no-worker hand-backs than it had hand-outs ({attempt}); the claim is ignored"
-        );
-        details.remove(NO_WORKER_HAND_BACKS);
-    }
 }
 
 /// No worker for the job here: hand it back with a delay for a supervisor
@@ -101,7 +86,8 @@ pub fn decide(reason: &str, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision
         .min(left)
         .max(Duration::from_secs(1));
     // A Bedrock server counts no attempts: the next run's number comes from
-    // the details' `attempt`, so this hand-back leaves it where it was.
+    // the details' `attempt`, so this hand-back leaves it where it was (a
+    // jobmgr server takes the hand-back's hand-out off its count).
     let data = fitted(
         job.data,
         json!({"outcome": "no_worker", "reason": reason, "attempt": job.attempt.saturating_sub(1),
@@ -127,28 +113,6 @@ pub fn decide(reason: &str, job: JobFacts<'_>, policy: &RetryPolicy) -> Decision
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_hand_back_count_larger_than_the_hand_outs_is_dropped() {
-        let details = |n: i64| -> Data {
-            serde_json::from_value(
-                json!({"x": 1, DETAILS_KEY: {NO_WORKER_HAND_BACKS: n, "attempt": 0}}),
-            )
-            .unwrap()
-        };
-        // Forged at creation: the first hand-out cannot follow a hand-back.
-        let mut forged = details(1_000_000_000);
-        drop_impossible_hand_backs(&mut forged, 1);
-        assert_eq!(no_worker_hand_backs(&forged), 0);
-        assert_eq!(forged["x"], 1, "the rest of the data stays");
-        assert_eq!(forged[DETAILS_KEY]["attempt"], 0);
-        // Two hand-backs before the third hand-out: true, and kept.
-        let mut genuine = details(2);
-        drop_impossible_hand_backs(&mut genuine, 3);
-        assert_eq!(no_worker_hand_backs(&genuine), 2);
-        let mut one_too_many = details(3);
-        drop_impossible_hand_backs(&mut one_too_many, 3);
-        assert_eq!(no_worker_hand_backs(&one_too_many), 0);
-    }
     use crate::supervisor::output::Capture;
     use crate::supervisor::process::{Ending, Finished};
     use crate::supervisor::report::{NotRun, decide as decide_run, decide_not_run};
@@ -234,7 +198,7 @@ mod tests {
             sent[DETAILS_KEY].get(NO_WORKER_SINCE).is_none(),
             "the next run's clock starts afresh"
         );
-        // A later run's details keep the hand-back count.
+        // A later run's details start afresh: the streak is over.
         let ran = decide_run(&exited(3), job(&data, 1, false), &policy, false, false);
         let Some(Report::Retry {
             data: Some(sent), ..
@@ -242,7 +206,7 @@ mod tests {
         else {
             panic!("{ran:?}")
         };
-        assert_eq!(no_worker_hand_backs(&sent), 2);
+        assert_eq!(no_worker_hand_backs(&sent), 0);
         assert!(sent[DETAILS_KEY].get(NO_WORKER_SINCE).is_none());
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::no_worker::{NO_WORKER_HAND_BACKS, NO_WORKER_SINCE, no_worker_hand_backs};
+use super::no_worker::{NO_WORKER_HAND_BACKS, NO_WORKER_SINCE};
 use super::process::{Ending, Finished};
 use super::report_line::Requested;
 use crate::client::Report;
@@ -482,13 +482,7 @@ const VERDICT: [&str; 8] = [
 /// then everything but the verdict. `None` when not even the verdict fits
 /// beside the job's own data; the data is then left as it is, and the
 /// outcome is in the log.
-pub(super) fn fitted(data: &Data, mut details: Value) -> Option<Data> {
-    // No-worker hand-backs are no attempts: their count outlives later runs'
-    // details, so that the server's hand-out count can be corrected.
-    let hand_backs = no_worker_hand_backs(data);
-    if hand_backs > 0 && details.get(NO_WORKER_HAND_BACKS).is_none() {
-        details[NO_WORKER_HAND_BACKS] = json!(hand_backs);
-    }
+pub(super) fn fitted(data: &Data, details: Value) -> Option<Data> {
     let mut data = data.clone();
     data.insert(DETAILS_KEY.into(), details);
     if data_len(&data) <= MAX_DATA_BYTES {

@@ -308,14 +308,26 @@ fn cancel_job_and_requeue_jobs_change_state() {
         .collect();
     assert_eq!(cancelled, vec![first, second]);
 
-    // RequeueJobs puts running jobs back, due at once.
+    // RequeueJobs does not put back running jobs, which would run twice at
+    // once; once they are ended (FailJob), it does, due at once.
     let other = create(&mut conn, &[("name", "cr-other")]);
     get_job(&mut conn, "cr-other");
-    conn.call(&req(
-        "RequeueJobs",
-        &[("jobIDs", &format!("{parent},{other}"))],
-    ))
-    .assert_empty_ok();
+    let ids = format!("{parent},{other}");
+    let refused = conn.call(&req("RequeueJobs", &[("jobIDs", &ids)]));
+    assert!(
+        refused.status.starts_with(&format!(
+            "405 Cannot requeue jobs {parent}, {other}: a worker holds it"
+        )),
+        "{refused:?}"
+    );
+    assert_eq!(api.state(parent).as_deref(), Some("RUNNING"));
+    assert_eq!(api.state(other).as_deref(), Some("RUNNING"));
+    for id in [parent, other] {
+        conn.call(&req("FailJob", &[("jobID", &id.to_string())]))
+            .assert_empty_ok();
+    }
+    conn.call(&req("RequeueJobs", &[("jobIDs", &ids)]))
+        .assert_empty_ok();
     assert_eq!(api.state(parent).as_deref(), Some("QUEUED"));
     assert_eq!(api.state(other).as_deref(), Some("QUEUED"));
     assert_eq!(get_job(&mut conn, "cr-other")["jobID"], json!(other));

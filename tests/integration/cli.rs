@@ -327,8 +327,21 @@ fn delete_removes_the_job() {
 fn requeue_puts_jobs_back_due_at_creation() {
     let server = Server::start();
     let api = server.api();
-    let (a, _) = take_with_cli(&server, "cli-requeue-a", &[]);
-    let (b, _) = take_with_cli(&server, "cli-requeue-b", &[]);
+    let (a, lease) = take_with_cli(&server, "cli-requeue-a", &[]);
+    let b = api.create(json!({"name": "cli-requeue-b", "firstRun": "2099-01-01 00:00:00"}));
+
+    // A running job is not requeued (it would run twice at once): the
+    // server's refusal, exit 1, and nothing changes.
+    let (code, _, stderr) = cli(&server, &["requeue", &a.to_string(), &b.to_string()]);
+    assert_eq!(code, 1, "stderr {stderr:?}");
+    assert!(
+        stderr.contains(&format!("Cannot requeue job {a}")),
+        "{stderr:?}"
+    );
+    assert_eq!(api.state(a).as_deref(), Some("RUNNING"));
+    assert_eq!(api.job(b)["nextRun"], "2099-01-01 00:00:00");
+    ok(&server, &["fail", &a.to_string(), "--lease", &lease]);
+
     let answer = ok_json(
         &server,
         &[

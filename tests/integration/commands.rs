@@ -1287,12 +1287,20 @@ fn requeue_jobs_puts_jobs_back_queued_and_due_at_creation() {
     let running = start_job(&api, json!({"name": "rq-running"}));
     let future = api.create(json!({"name": "rq-future", "firstRun": "2099-01-01 00:00:00"}));
 
-    let answer = ok(requeue(
-        &api,
-        json!({"jobIDs": [failed, running, future, 424242]}),
-    ));
-    assert_eq!(answer["requeued"], 3, "the missing id is not counted");
-    for id in [failed, running, future] {
+    // A running job is held by its worker: the whole request is refused.
+    let refused = requeue(&api, json!({"jobIDs": [failed, running, future]}));
+    assert_error(refused.clone(), 409, "requeue_held");
+    let message = refused.1["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("Cannot requeue job {running}: a worker holds it")),
+        "{message}"
+    );
+    assert_eq!(api.state(failed).as_deref(), Some("FAILED"));
+    assert_eq!(api.state(running).as_deref(), Some("RUNNING"));
+
+    let answer = ok(requeue(&api, json!({"jobIDs": [failed, future, 424242]})));
+    assert_eq!(answer["requeued"], 2, "the missing id is not counted");
+    for id in [failed, future] {
         let job = api.job(id);
         assert_eq!(job["state"], "QUEUED", "job {id}");
         assert_eq!(job["nextRun"], job["created"], "job {id}");
@@ -1300,7 +1308,7 @@ fn requeue_jobs_puts_jobs_back_queued_and_due_at_creation() {
     let handed = api.dequeue(json!({"name": "rq-*", "numResults": 10}));
     let mut got = ids(&handed);
     got.sort();
-    assert_eq!(got, vec![failed, running, future]);
+    assert_eq!(got, vec![failed, future]);
 }
 
 #[test]

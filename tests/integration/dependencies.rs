@@ -621,6 +621,111 @@ fn hostile_dependencies_are_refused_on_both_ports_and_change_nothing() {
     assert_eq!(state(&api, b), "QUEUED");
 }
 
+/// A JSON array of these ids, as text.
+fn id_list(ids: &[i64]) -> String {
+    serde_json::to_string(ids).expect("a list")
+}
+
+#[test]
+fn depends_holding_the_same_job_twice_counts_it_once_also_past_the_limit() {
+    let server = Server::start();
+    let api = server.api();
+    let jobs: Vec<i64> = (0..100)
+        .map(|n| api.create(json!({"name": format!("d{n}")})))
+        .collect();
+    let (a, b) = (jobs[0], jobs[1]);
+    // 100 jobs, and the first of them again: 101 entries, 100 jobs.
+    let hundred_and_a_twin: Vec<i64> = jobs.iter().copied().chain([a]).collect();
+    let twice_each: Vec<i64> = jobs.iter().flat_map(|&id| [id, id]).collect();
+    let waiting_for = |id: i64| dependencies(&api.job(id)).len();
+
+    // HTTP: a create, a batch entry, a later change.
+    let one = api.create(json!({"name": "x", "depends": [a, a]}));
+    assert_eq!(dependencies(&api.job(one)), [(a, "QUEUED".to_string())]);
+    let all = api.create(json!({"name": "x", "depends": hundred_and_a_twin}));
+    assert_eq!(waiting_for(all), 100);
+    let batch = api.create_batch(vec![json!({"name": "x", "depends": twice_each})]);
+    assert_eq!(waiting_for(batch[0]), 100);
+    let changed = api.create(json!({"name": "x"}));
+    let answer = ok(api.post(
+        &format!("/jobs/{changed}/depends"),
+        json!({"add": twice_each}),
+    ));
+    assert_eq!(dependencies(&answer).len(), 100, "{answer}");
+    let answer = ok(api.post(
+        &format!("/jobs/{changed}/depends"),
+        json!({"remove": hundred_and_a_twin}),
+    ));
+    assert_eq!(dependencies(&answer), [], "{answer}");
+
+    // Bedrock: CreateJob's header, a CreateJobs entry, UpdateJob's lists.
+    let mut conn = Conn::open(&server.bedrock);
+    let created = conn
+        .call(&req(
+            "CreateJob",
+            &[("name", "x"), ("depends", &id_list(&hundred_and_a_twin))],
+        ))
+        .json();
+    assert_eq!(waiting_for(created["jobID"].as_i64().expect("jobID")), 100);
+    let entries = format!(r#"[{{"name":"x","depends":{}}}]"#, id_list(&twice_each));
+    let created = conn.call(&req("CreateJobs", &[("jobs", &entries)])).json();
+    assert_eq!(
+        waiting_for(created["jobIDs"][0].as_i64().expect("jobID")),
+        100
+    );
+    let update = conn.call(&req(
+        "UpdateJob",
+        &[
+            ("jobID", &changed.to_string()),
+            ("addDepends", &id_list(&twice_each)),
+        ],
+    ));
+    assert_eq!(update.code(), 200, "{update:?}");
+    assert_eq!(waiting_for(changed), 100);
+
+    // Hostile, beside them: 101 jobs, a 0, a negative id, text; refused,
+    // and nothing created or changed.
+    let before = job_count(&api);
+    let extra = api.create(json!({"name": "d100"}));
+    let too_many: Vec<i64> = jobs.iter().copied().chain([extra, extra]).collect();
+    let before = (before + 1, waiting_for(changed));
+    assert_error(
+        api.post("/jobs", json!({"name": "x", "depends": too_many})),
+        400,
+        "too_many_depends",
+    );
+    assert_error(
+        api.post(&format!("/jobs/{b}/depends"), json!({"add": too_many})),
+        400,
+        "too_many_depends",
+    );
+    let refused = conn.call(&req(
+        "CreateJob",
+        &[("name", "x"), ("depends", &id_list(&too_many))],
+    ));
+    assert!(
+        refused
+            .status
+            .starts_with("402 Malformed depends: at most 100"),
+        "{refused:?}"
+    );
+    for bad in [
+        json!([a, a, 0]),
+        json!([a, -1, a]),
+        json!([a, "1", a]),
+        json!([a, a, 1.5]),
+    ] {
+        let answer = api.post("/jobs", json!({"name": "x", "depends": bad}));
+        assert_eq!(answer.0, 400, "{bad}: {}", answer.1);
+        let line = conn.call(&req(
+            "CreateJob",
+            &[("name", "x"), ("depends", &bad.to_string())],
+        ));
+        line.assert_error("402 Malformed depends");
+    }
+    assert_eq!((job_count(&api), waiting_for(changed)), before);
+}
+
 // ---------------------------------------------------------------------------
 // Randomized stress
 

@@ -1,7 +1,7 @@
 //! What the supervisor owes the jobs it was handed: its report keeps the
 //! progress the worker sent, a fetch it stopped waiting for hands its jobs
-//! back exactly as they were before the hand-out (HandBackJob, refused
-//! under a stale lease), and one hand-out it cannot read does not strand the rest of its
+//! back as they were before the hand-out, keeping an update made meanwhile
+//! (HandBackJob, refused under a stale lease), and one hand-out it cannot read does not strand the rest of its
 //! batch. The fetch cases put a small HTTP relay between the supervisor and
 //! the real server, which can hold an answer (the jobs are leased, the
 //! answer is "on the wire") or spoil one hand-out of a batch.
@@ -460,6 +460,75 @@ fn a_handed_back_job_keeps_its_attempts_and_retry_after_count() {
         next["attempt"], 1,
         "the hand-back counted an attempt: {next}"
     );
+}
+
+#[test]
+fn a_hand_back_keeps_an_update_made_while_the_job_was_held() {
+    let server = Server::start();
+    let api = server.api();
+    let out = tempfile::tempdir().unwrap();
+    let id = api.create(json!({"name": "Held", "data": {"v": 1}, "repeat": "FINISHED, +1 HOUR"}));
+    let before = api.job(id);
+    let (proxy, sup) = held_fetch(&server, out.path());
+    proxy.wait_held(&sup);
+    // Acknowledged while the supervisor holds the job.
+    let (status, answer) = api.patch(
+        &format!("/jobs/{id}"),
+        json!({"data": {"v": 2}, "priority": 1000, "repeat": "FINISHED, +5 MINUTES"}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    quiet_and_hand_back(&proxy, &sup);
+
+    let after = api.job(id);
+    for (field, expected) in [
+        ("data", json!({"v": 2})),
+        ("priority", json!(1000)),
+        ("repeat", json!("FINISHED, +5 MINUTES")),
+        ("state", json!("QUEUED")),
+        ("attempts", json!(0)),
+        ("lastRun", before["lastRun"].clone()),
+        ("nextRun", before["nextRun"].clone()),
+    ] {
+        assert_eq!(
+            after[field], expected,
+            "{field}: before {before}, after {after}"
+        );
+    }
+}
+
+#[test]
+fn a_hand_back_keeps_the_update_of_a_held_retry_after_job() {
+    let server = Server::start();
+    let api = server.api();
+    let id = api.create(json!({
+        "name": "Retryable",
+        "data": {"v": 1},
+        "retryAfter": "+1 HOUR",
+        "repeat": "SCHEDULED, +1 HOUR",
+    }));
+    let before = api.job(id);
+    let taken = api.take("Retryable");
+    let held = api.job(id);
+    assert_eq!(held["state"], "RUNQUEUED", "{held}");
+    assert_eq!(held["data"]["retryAfterCount"], 1, "{held}");
+    let (status, answer) = api.patch(
+        &format!("/jobs/{id}"),
+        json!({"data": {"v": 2, "note": "kept"}, "priority": 250}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(post_lease(&api, id, "handback", &taken["lease"]).0, 200);
+
+    // The update stays; the hand-out's bookkeeping (the retryAfter count,
+    // the schedule's anchor) goes, as before the hand-out.
+    let after = api.job(id);
+    assert_eq!(after["data"], json!({"v": 2, "note": "kept"}), "{after}");
+    assert_eq!(after["priority"], 250, "{after}");
+    for field in ["state", "nextRun", "lastRun", "attempts", "repeat"] {
+        assert_eq!(
+            after[field], before[field],
+            "{field}: before {before}, after {after}"
+        );
+    }
 }
 
 #[test]

@@ -19,7 +19,8 @@ fn snapshot(api: &Api) -> Value {
 struct Fixture {
     /// What the job names start with.
     prefix: String,
-    /// A QUEUED job with data `{"v":1}`.
+    /// A QUEUED job with data `{"v":1}`, due in 2099 (a RequeueJobs makes
+    /// it due at its creation).
     queued: i64,
     /// A RUNNING job, and its lease token.
     running: i64,
@@ -42,7 +43,11 @@ fn fixture_named(api: &Api, prefix: &str) -> Fixture {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(api.state(parent).as_deref(), Some("PAUSED"));
     assert_eq!(api.state(child).as_deref(), Some("QUEUED"));
-    let queued = api.create(json!({"name": name("queued"), "data": {"v": 1}}));
+    let queued = api.create(json!({
+        "name": name("queued"),
+        "data": {"v": 1},
+        "firstRun": "2099-01-01 00:00:00",
+    }));
     let running = api.create(json!({"name": name("run"), "data": {"v": 1}}));
     let handed = api.take(&name("run"));
     let lease = handed["lease"].as_str().expect("lease").to_string();
@@ -91,7 +96,7 @@ fn body_routes(f: &Fixture) -> Vec<(&'static str, String, Value)> {
         (
             "POST",
             "/jobs/requeue".into(),
-            json!({"jobIDs": [f.running]}),
+            json!({"jobIDs": [f.queued]}),
         ),
         (
             "POST",
@@ -308,7 +313,7 @@ fn json_arrays_are_not_read_as_positional_fields() {
             (
                 "POST",
                 "/jobs/requeue".into(),
-                format!("[[{}],null]", f.running),
+                format!("[[{}],null]", f.queued),
             ),
             (
                 "POST",

@@ -59,6 +59,7 @@ mod pressure;
 mod repeat;
 mod report_batch;
 mod report_line;
+mod requeue;
 mod riders;
 mod sandbox;
 mod shared_store;

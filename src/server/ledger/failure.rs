@@ -26,6 +26,26 @@ pub const LEASE_LOST: &str = "lease_lost";
 /// The group of a `retryAfter` job handed out too often without a report.
 pub const NO_REPORT: &str = "no_report";
 
+/// The outcome of a streak of hand-backs for want of the job's worker.
+pub const HANDED_BACK: &str = "handed_back";
+
+/// Whether a RetryJob's data says it hands the job back for want of its
+/// worker (the supervisor's details: `outcome` `no_worker`, with the time
+/// of the streak's first hand-back in `noWorkerSince`). Such a hand-out
+/// was no run: it counts no attempt, and the history keeps one row for the
+/// streak. A supervisor giving up on the run (past `--no-worker-timeout`)
+/// says `no_worker` without `noWorkerSince`.
+pub fn is_no_worker_hand_back(data: Option<&Data>) -> bool {
+    let Some(details) = data
+        .and_then(|d| d.get(DETAILS_KEY))
+        .and_then(Value::as_object)
+    else {
+        return false;
+    };
+    details.get("outcome").and_then(Value::as_str) == Some("no_worker")
+        && details.get("noWorkerSince").is_some_and(Value::is_string)
+}
+
 /// The longest group key accepted from outside.
 pub const MAX_GROUP_BYTES: usize = 64;
 
@@ -100,6 +120,7 @@ pub fn reported_end(outcome: &str, data: Option<&Data>, run: Option<&RunFacts>) 
         ),
         stdout,
         stderr,
+        hand_backs: 0,
     }
 }
 
@@ -247,6 +268,21 @@ mod tests {
         let long = last_line(&"é".repeat(1000)).unwrap();
         assert_eq!(long.chars().count(), ERROR_LINE_CHARS + 1);
         assert!(long.ends_with('…'));
+    }
+
+    #[test]
+    fn a_no_worker_hand_back_is_told_by_its_details() {
+        let hand_back =
+            data(json!({"outcome": "no_worker", "noWorkerSince": "2026-01-01 00:00:00"}));
+        assert!(is_no_worker_hand_back(Some(&hand_back)));
+        // Giving up on the run, another outcome, no details, no data.
+        let given_up = data(json!({"outcome": "no_worker"}));
+        let other = data(json!({"outcome": "exit", "noWorkerSince": "2026-01-01 00:00:00"}));
+        let odd = data(json!({"outcome": "no_worker", "noWorkerSince": 1}));
+        for not in [&given_up, &other, &odd, &Data::new()] {
+            assert!(!is_no_worker_hand_back(Some(not)), "{not:?}");
+        }
+        assert!(!is_no_worker_hand_back(None));
     }
 
     #[test]

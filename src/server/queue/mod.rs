@@ -570,7 +570,7 @@ impl Queue {
         let queue = self.clone();
         self.inner.tasks.spawn(async move {
             if let Err(error) = queue.return_undelivered(handouts).await {
-                tracing::error!(%error, "could not put back undelivered jobs; a leased one returns when its lease lapses, one held until reported stays RUNNING until requeued");
+                tracing::error!(%error, "could not put back undelivered jobs; a leased one returns when its lease lapses, one held until reported stays RUNNING until reported or failed (or --requeue-unleased-after)");
             }
         });
     }
@@ -582,15 +582,16 @@ impl Queue {
         self.inner.tasks.wait().await;
     }
 
-    /// Puts back jobs whose hand-out could not be delivered, as they were
-    /// before it, unless someone already reported on them.
+    /// Puts back jobs whose hand-out could not be delivered, undoing what
+    /// the hand-out changed (not an update made since), unless someone
+    /// already reported on them.
     pub async fn return_undelivered(&self, handouts: Vec<HandOut>) -> Result<usize, JobError> {
         self.write(move |tx| rules::return_undelivered(tx, &handouts))
             .await
     }
 
-    /// HandBackJob: puts back a job its holder never started, as it was
-    /// before the hand-out under `token`.
+    /// HandBackJob: puts back a job its holder never started, undoing what
+    /// the hand-out under `token` changed (not an update made since).
     pub async fn hand_back(&self, id: JobId, token: String) -> Result<(), JobError> {
         self.write(move |tx| rules::hand_back(tx, id, &token)).await
     }
@@ -676,6 +677,8 @@ async fn follow_other_servers(
     }
 }
 
+#[cfg(test)]
+mod put_back_tests;
 #[cfg(test)]
 mod step_tests;
 #[cfg(test)]

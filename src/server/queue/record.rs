@@ -213,6 +213,28 @@ pub fn reported(
     ended(tx, job, end, leaves, by_holder)
 }
 
+/// A holder handed the job back for want of its worker (see
+/// [`failure::is_no_worker_hand_back`]): that hand-out was no run, so the
+/// history keeps one row per streak of such hand-backs, counting them, and
+/// the statistics count no retry and no run time. `by_holder` as for
+/// [`reported`].
+pub fn handed_back(
+    tx: &mut Tracked,
+    job: &Job,
+    data: Option<&Data>,
+    run: Option<&RunFacts>,
+    by_holder: bool,
+) -> Result<(), JobError> {
+    let mut end = failure::reported_end(failure::HANDED_BACK, data, run);
+    end.hand_backs = 1;
+    let now = tx.now;
+    let open = tx.store().ledger().close_hand_back(job.id, now, &end)?;
+    match open.and_then(|open| open.worker) {
+        Some(worker) if by_holder => heard_from(tx, &worker, None, None),
+        _ => Ok(()),
+    }
+}
+
 /// A lease lapsed; `failed` when the job is FAILED for it.
 pub fn lapsed(tx: &mut Tracked, job: &Job, failed: bool) -> Result<(), JobError> {
     let end = AttemptEnd {

@@ -15,6 +15,7 @@ use crate::protocol::{
 };
 use crate::server::calendar;
 use crate::server::events::EventKind;
+use crate::server::ledger::failure::is_no_worker_hand_back;
 
 /// Hand-outs of a `retryAfter` job without a report after which it fails.
 pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
@@ -22,9 +23,10 @@ pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
 /// The data key where GetJob counts unreported `retryAfter` hand-outs.
 const RETRY_AFTER_COUNT: &str = "retryAfterCount";
 
-/// The data key where the first hand-out of a `retryAfter` job with a
-/// `SCHEDULED` repeat keeps the nextRun it was due at: the base of its next
-/// run, which the `retryAfter` hand-outs overwrite in `nextRun`.
+/// The data key where every hand-out of a `retryAfter` job with a
+/// `SCHEDULED` repeat keeps the nextRun it was due at, overwriting the
+/// earlier one (as Bedrock does): the base of its next run, since the
+/// hand-out moves `nextRun` to when it is handed out again. Reports keep it.
 const ORIGINAL_NEXT_RUN: &str = "originalNextRun";
 
 /// Data keys that are bookkeeping, not the caller's, when comparing data for
@@ -282,14 +284,15 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
 }
 
 /// Bedrock's bookkeeping in the data of a `retryAfter` job handed out while
-/// due at `due`: the hand-out is counted (not for a [`is_manual`] job), and a
-/// `SCHEDULED` repeat's first hand-out keeps `due` in `originalNextRun`.
+/// due at `due`: the hand-out is counted (not for a [`is_manual`] job), and
+/// with a `SCHEDULED` repeat `due` goes in `originalNextRun`, replacing what
+/// an earlier hand-out put there.
 fn note_retry_after_handout(job: &mut Job, due: Timestamp) {
     if !is_manual(&job.name) {
         let count = retry_after_count(&job.data) + 1;
         job.data.insert(RETRY_AFTER_COUNT.into(), json!(count));
     }
-    if repeats_from_schedule(&job.repeat) && !job.data.contains_key(ORIGINAL_NEXT_RUN) {
+    if repeats_from_schedule(&job.repeat) {
         job.data
             .insert(ORIGINAL_NEXT_RUN.into(), json!(due.to_string()));
     }
@@ -308,9 +311,31 @@ fn retry_after_count(data: &Data) -> i64 {
     }
 }
 
+/// The job as it is now (`current`), with what a hand-out changed put back
+/// as it was before it (`before`): its state, due time, last run and the
+/// run it was due at, attempt count, lease, and the `retryAfter`
+/// bookkeeping in its data. What was changed since (an UpdateJob's data,
+/// priority or repeat) stays: the job is as if that change had come before
+/// the hand-out.
+fn undo_handout(mut current: Job, before: &Job) -> Job {
+    current.state = before.state;
+    current.next_run = before.next_run;
+    current.last_run = before.last_run;
+    current.scheduled_run = before.scheduled_run;
+    current.attempts = before.attempts;
+    current.lease = before.lease.clone();
+    for key in BOOKKEEPING_KEYS {
+        match before.data.get(key) {
+            Some(value) => current.data.insert(key.into(), value.clone()),
+            None => current.data.remove(key),
+        };
+    }
+    current
+}
+
 /// Puts back jobs whose hand-out could not be delivered (the client went
-/// away), exactly as they were, provided nobody reported on them since. The
-/// hand-out does not count.
+/// away) as they were before it (see [`undo_handout`]), provided nobody
+/// reported on them since. The hand-out does not count.
 pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usize, JobError> {
     let mut returned = 0;
     // Locked in id order (see `requeue`).
@@ -325,9 +350,10 @@ pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usiz
             .as_ref()
             .is_some_and(|l| l.token == handout.lease_token);
         if still_ours {
-            tx.update(&handout.job)?;
-            record::undelivered(tx, handout.job.id)?;
-            emit::plain(tx, EventKind::Returned, &handout.job);
+            let job = undo_handout(current, &handout.job);
+            tx.update(&job)?;
+            record::undelivered(tx, job.id)?;
+            emit::plain(tx, EventKind::Returned, &job);
             returned += 1;
         }
     }
@@ -335,11 +361,11 @@ pub fn return_undelivered(tx: &mut Tracked, handouts: &[HandOut]) -> Result<usiz
 }
 
 /// HandBackJob: the holder of a hand-out it never started puts the job back
-/// exactly as it was before that hand-out (its state, due time, data,
-/// attempts and `retryAfter` count), as if it had never been handed out: no
-/// attempt, lapse or report is counted, and the ledger forgets the hand-out.
-/// Its children are untouched, so a resumed parent's next hand-out reports
-/// them again.
+/// as it was before that hand-out (see [`undo_handout`]: its state, due
+/// time, attempts and `retryAfter` count; an UpdateJob made meanwhile
+/// stays), as if it had never been handed out: no attempt, lapse or report
+/// is counted, and the ledger forgets the hand-out. Its children are
+/// untouched, so a resumed parent's next hand-out reports them again.
 pub fn hand_back(tx: &mut Tracked, id: JobId, token: &str) -> Result<(), JobError> {
     let job = tx.existing(id)?;
     check_lease(&job, Some(token))?;
@@ -350,8 +376,9 @@ pub fn hand_back(tx: &mut Tracked, id: JobId, token: &str) -> Result<(), JobErro
         .store()
         .take_before_handout(id, token)?
         .ok_or(JobError::HandOutNotKept(id))?;
-    tx.update(&before)?;
-    emit::plain(tx, EventKind::Returned, &before);
+    let job = undo_handout(job, &before);
+    tx.update(&job)?;
+    emit::plain(tx, EventKind::Returned, &job);
     record::undelivered(tx, id)
 }
 
@@ -423,6 +450,12 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         Report::Finish(_) => EventKind::Finished,
         Report::Retry(_) => EventKind::Retried,
     };
+    // Handed back for want of its worker, the job did not run: that
+    // hand-out counts no attempt.
+    let no_worker = matches!(report, Report::Retry(_)) && is_no_worker_hand_back(data.as_ref());
+    if no_worker {
+        job.attempts = job.attempts.saturating_sub(1).max(0);
+    }
     let record_report = |tx: &mut Tracked, job: &Job, leaves: Leaves| {
         let (kind, state) = match leaves {
             Leaves::Stays if job.state == JobState::Paused => (EventKind::Paused, job.state),
@@ -431,6 +464,9 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
             Leaves::Failed => (EventKind::Failed, JobState::Failed),
         };
         emit::reported(tx, kind, job, state, outcome, run);
+        if no_worker && leaves == Leaves::Stays {
+            return record::handed_back(tx, job, data.as_ref(), run, by_holder);
+        }
         record::reported(tx, job, outcome, data.as_ref(), run, leaves, by_holder)
     };
     if job.is_child() {
@@ -451,7 +487,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     }
 
     // A retryAfter job's schedule anchor is the server's: it outlives new
-    // data until the repeat has used it.
+    // data (the next hand-out replaces it).
     let original_next_run = if job.retry_after.is_empty() {
         None
     } else {
@@ -503,47 +539,15 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
         ignore_repeat = retry.ignore_repeat;
     }
 
-    // A retryAfter hand-out moved nextRun; the run was due at the time the
-    // first hand-out kept.
-    let scheduled = if !job.retry_after.is_empty() && repeats_from_schedule(&repeat) {
-        original_next_run
-            .as_ref()
-            .and_then(Value::as_str)
-            .and_then(Timestamp::parse)
-            .or(job.scheduled_run)
-            .unwrap_or(job.next_run)
-    } else {
-        job.next_run
-    };
     let next = if !repeat.is_empty() && !ignore_repeat {
+        let scheduled = scheduled_base(&job, &repeat, original_next_run.as_ref());
         repeat_time(&job, &repeat, scheduled, now)
     } else {
         None
     };
-    if next.is_some() && original_next_run.is_some() {
-        // This occurrence is over; the next one's first hand-out anchors it.
-        job.data.remove(ORIGINAL_NEXT_RUN);
-    }
     let next = match (&report, next) {
         (_, Some(next)) => Some(next),
-        (Report::Retry(retry), None) => Some(match retry.next_run {
-            Some(at) => at,
-            None if retry.delay_secs < 0 => return Err(JobError::NegativeDelay),
-            None if retry.delay_secs > MAX_RETRY_DELAY_SECS => {
-                return Err(JobError::Malformed("delay"));
-            }
-            None => {
-                let at = now
-                    .whole_second()
-                    .plus_millis(retry.delay_secs.saturating_mul(1000));
-                // Beyond that, no time can be written (it came out as the
-                // year -262143, as if long due).
-                if at > Timestamp::LATEST {
-                    return Err(JobError::Malformed("delay"));
-                }
-                at
-            }
-        }),
+        (Report::Retry(retry), None) => Some(retry_time(retry, now)?),
         (Report::Finish(_), None) => None,
     };
 
@@ -573,6 +577,43 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     }
     record_report(tx, &job, Leaves::Finished)?;
     tx.delete(id)
+}
+
+/// What a report's repeat counts from: the run's due time, which for a
+/// `retryAfter` job with a `SCHEDULED` repeat is the one its latest
+/// hand-out kept (`original_next_run`), since the hand-out moved `nextRun`.
+fn scheduled_base(job: &Job, repeat: &str, original_next_run: Option<&Value>) -> Timestamp {
+    if job.retry_after.is_empty() || !repeats_from_schedule(repeat) {
+        return job.next_run;
+    }
+    original_next_run
+        .and_then(Value::as_str)
+        .and_then(Timestamp::parse)
+        .or(job.scheduled_run)
+        .unwrap_or(job.next_run)
+}
+
+/// When a RetryJob that does not follow a repeat runs next: its `nextRun`,
+/// else `delay` seconds from now (whole seconds, as Bedrock's `+N SECONDS`).
+fn retry_time(retry: &RetryJob, now: Timestamp) -> Result<Timestamp, JobError> {
+    if let Some(at) = retry.next_run {
+        return Ok(at);
+    }
+    if retry.delay_secs < 0 {
+        return Err(JobError::NegativeDelay);
+    }
+    if retry.delay_secs > MAX_RETRY_DELAY_SECS {
+        return Err(JobError::Malformed("delay"));
+    }
+    let at = now
+        .whole_second()
+        .plus_millis(retry.delay_secs.saturating_mul(1000));
+    // Beyond that, no time can be written (it came out as the year
+    // -262143, as if long due).
+    if at > Timestamp::LATEST {
+        return Err(JobError::Malformed("delay"));
+    }
+    Ok(at)
 }
 
 /// Queues a paused parent once none of its children is in `pending` states.
@@ -722,18 +763,33 @@ pub fn cancel(tx: &mut Tracked, id: JobId) -> Result<(), JobError> {
 }
 
 /// RequeueJobs: the jobs go back to QUEUED, due at their creation time.
+/// Refused whole, naming them, when any of them is held (see
+/// [`Job::is_held_at`]): queued again, it would run twice at once.
 pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
     if let Some(name) = &cmd.name {
         check_name(name)?;
     }
-    let mut requeued = 0;
     // Locked in id order, whatever order the client gave: two requests
     // naming the same jobs through two servers must not wait on each other.
     let mut ids = cmd.ids.clone();
     ids.sort_unstable();
     ids.dedup();
+    let mut jobs = Vec::with_capacity(ids.len());
     for id in ids {
-        let Some(mut job) = tx.get(id)? else { continue };
+        jobs.extend(tx.get(id)?);
+    }
+    let now = tx.now;
+    let held: Vec<JobId> = jobs
+        .iter()
+        .filter(|job| job.is_held_at(now))
+        .map(|job| job.id)
+        .collect();
+    if !held.is_empty() {
+        return Err(JobError::RequeueHeld(held));
+    }
+    let mut requeued = 0;
+    for mut job in jobs {
+        let id = job.id;
         // A job waiting for its dependencies keeps waiting, due at its
         // creation time once they finish.
         if job.state != JobState::Depends {

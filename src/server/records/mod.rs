@@ -19,7 +19,9 @@ pub use summary::Summary;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AttemptEnd {
     /// `finished`, `retried`, `failed`, `lease_lost`, `superseded` (handed
-    /// out again without a report) or `deleted`.
+    /// out again without a report), `deleted`, or `handed_back` (a streak
+    /// of hand-backs for want of the job's worker, see
+    /// [`AttemptEnd::hand_backs`]).
     pub outcome: String,
     /// The failure group, for an attempt that did not finish.
     pub failure: Option<String>,
@@ -35,6 +37,9 @@ pub struct AttemptEnd {
     pub stdout_bytes: Option<u64>,
     /// How many bytes the worker wrote to stderr in all, when reported.
     pub stderr_bytes: Option<u64>,
+    /// For `handed_back`: how many hand-backs in a row the row stands for
+    /// (the last one ended it); 0 for a run.
+    pub hand_backs: u64,
 }
 
 /// One hand-out of a job and what came of it.
@@ -81,6 +86,9 @@ impl Attempt {
             out["stderr"] = json!(end.stderr);
             out["stdoutBytes"] = json!(end.stdout_bytes);
             out["stderrBytes"] = json!(end.stderr_bytes);
+            if end.hand_backs > 0 {
+                out["handBacks"] = json!(end.hand_backs);
+            }
         }
         out
     }

@@ -57,6 +57,17 @@ pub trait LedgerTx {
         ended: Timestamp,
         end: &AttemptEnd,
     ) -> Result<Option<OpenAttempt>, JobError>;
+    /// Ends the job's open attempt as a hand-back for want of its worker
+    /// (`end`, with its outcome `handed_back`): when the job's latest ended
+    /// attempt is such a hand-back too, that row counts one more and ends
+    /// now, and the open one is forgotten; otherwise the open one ends as
+    /// the first of a streak. Says what the open attempt was.
+    fn close_hand_back(
+        &mut self,
+        job_id: JobId,
+        ended: Timestamp,
+        end: &AttemptEnd,
+    ) -> Result<Option<OpenAttempt>, JobError>;
     /// Forgets the job's open attempt (a hand-out that was never delivered).
     fn discard_open_attempt(&mut self, job_id: JobId) -> Result<(), JobError>;
     /// When the job's current occurrence entered the queue: the due time of

@@ -212,6 +212,9 @@ const MIGRATIONS: &[&str] = &[
     // report and hand-out: without it each read stepped over every attempt
     // the ledger keeps, a cost that grew with the history.
     "CREATE INDEX attempts_open ON attempts (worker, started) WHERE ended IS NULL;",
+    // 12: how many hand-backs for want of the job's worker an attempt row
+    // stands for (one row per streak of them).
+    "ALTER TABLE attempts ADD COLUMN hand_backs INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// The schema version this build writes.

@@ -12,7 +12,7 @@ use crate::server::records::{
 };
 
 const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
-     failure, exit_code, signal, stdout, stderr, stdout_bytes, stderr_bytes";
+     failure, exit_code, signal, stdout, stderr, stdout_bytes, stderr_bytes, hand_backs";
 
 fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
     let outcome: Option<String> = row.get(7)?;
@@ -34,6 +34,7 @@ fn read_attempt(row: &Row<'_>) -> rusqlite::Result<Attempt> {
                 stderr: row.get(12)?,
                 stdout_bytes: row.get::<_, Option<i64>>(13)?.map(|n| n.max(0) as u64),
                 stderr_bytes: row.get::<_, Option<i64>>(14)?.map(|n| n.max(0) as u64),
+                hand_backs: row.get::<_, i64>(15)?.max(0) as u64,
             }),
             None => None,
         },
@@ -331,8 +332,8 @@ impl LedgerTx for SqliteTx<'_> {
         self.conn
             .prepare_cached(
                 "UPDATE attempts SET ended = ?2, outcome = ?3, failure = ?4, exit_code = ?5, \
-                 signal = ?6, stdout = ?7, stderr = ?8, stdout_bytes = ?9, stderr_bytes = ?10 \
-                 WHERE job_id = ?1 AND ended IS NULL \
+                 signal = ?6, stdout = ?7, stderr = ?8, stdout_bytes = ?9, stderr_bytes = ?10, \
+                 hand_backs = ?11 WHERE job_id = ?1 AND ended IS NULL \
                  RETURNING name, started, worker",
             )
             .map_err(store_error)?
@@ -348,6 +349,7 @@ impl LedgerTx for SqliteTx<'_> {
                     end.stderr,
                     end.stdout_bytes.map(|n| n.min(i64::MAX as u64) as i64),
                     end.stderr_bytes.map(|n| n.min(i64::MAX as u64) as i64),
+                    end.hand_backs.min(i64::MAX as u64) as i64,
                 ],
                 |row| {
                     Ok(OpenAttempt {
@@ -359,6 +361,56 @@ impl LedgerTx for SqliteTx<'_> {
             )
             .optional()
             .map_err(store_error)
+    }
+
+    fn close_hand_back(
+        &mut self,
+        job_id: JobId,
+        ended: Timestamp,
+        end: &AttemptEnd,
+    ) -> Result<Option<OpenAttempt>, JobError> {
+        let streak: Option<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT attempt_id, outcome FROM attempts WHERE job_id = ?1 AND ended IS NOT NULL \
+                 ORDER BY attempt_id DESC LIMIT 1",
+            )
+            .map_err(store_error)?
+            .query_row([job_id], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, Option<String>>(1)?))
+            })
+            .optional()
+            .map_err(store_error)?
+            .filter(|(_, outcome)| outcome.as_deref() == Some(end.outcome.as_str()))
+            .map(|(id, _)| id);
+        let Some(streak) = streak else {
+            return self.close_attempt(job_id, ended, end);
+        };
+        let open = self
+            .conn
+            .prepare_cached(
+                "DELETE FROM attempts WHERE job_id = ?1 AND ended IS NULL \
+                 RETURNING name, started, worker",
+            )
+            .map_err(store_error)?
+            .query_row([job_id], |row| {
+                Ok(OpenAttempt {
+                    name: row.get(0)?,
+                    started: Timestamp(row.get(1)?),
+                    worker: row.get(2)?,
+                })
+            })
+            .optional()
+            .map_err(store_error)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE attempts SET ended = ?2, hand_backs = hand_backs + 1, failure = ?3 \
+                 WHERE attempt_id = ?1",
+            )
+            .map_err(store_error)?
+            .execute(params![streak, ended.0, end.failure])
+            .map_err(store_error)?;
+        Ok(open)
     }
 
     fn discard_open_attempt(&mut self, job_id: JobId) -> Result<(), JobError> {
@@ -794,6 +846,14 @@ impl LedgerTx for FailingTx {
         Err(self.0.clone())
     }
     fn close_attempt(
+        &mut self,
+        _: JobId,
+        _: Timestamp,
+        _: &AttemptEnd,
+    ) -> Result<Option<OpenAttempt>, JobError> {
+        Err(self.0.clone())
+    }
+    fn close_hand_back(
         &mut self,
         _: JobId,
         _: Timestamp,

@@ -156,7 +156,7 @@ fn long_and_snapping_scheduled_repeats_keep_their_computed_time_when_behind() {
 }
 
 #[test]
-fn retry_after_jobs_with_a_scheduled_repeat_keep_their_schedule_in_original_next_run() {
+fn retry_after_jobs_with_a_scheduled_repeat_count_from_their_latest_hand_out() {
     let (clock, server, mut conn) = scripted("2026-05-01 10:00:30");
     let api = server.api();
     let id = create(
@@ -181,7 +181,8 @@ fn retry_after_jobs_with_a_scheduled_repeat_keep_their_schedule_in_original_next
         job["data"],
         json!({"k": 1, "retryAfterCount": 1, "originalNextRun": "2026-05-01 10:00:00"})
     );
-    // A hand-out after the retryAfter lapsed does not move it.
+    // A hand-out after the retryAfter lapsed keeps the time it was due at
+    // in its turn, replacing the first one's.
     clock.set("2026-05-01 10:06:00");
     let second = get_job(&mut conn, "hourly-report");
     assert_eq!(second["nextRun"], "2026-05-01 10:05:30");
@@ -189,7 +190,7 @@ fn retry_after_jobs_with_a_scheduled_repeat_keep_their_schedule_in_original_next
     assert_eq!(job["nextRun"], "2026-05-01 10:11:00");
     assert_eq!(
         job["data"],
-        json!({"k": 1, "retryAfterCount": 2, "originalNextRun": "2026-05-01 10:00:00"})
+        json!({"k": 1, "retryAfterCount": 2, "originalNextRun": "2026-05-01 10:05:30"})
     );
     // Progress (UpdateJob) from the holder replaces the data, not the
     // server's bookkeeping.
@@ -200,10 +201,10 @@ fn retry_after_jobs_with_a_scheduled_repeat_keep_their_schedule_in_original_next
     .assert_empty_ok();
     assert_eq!(
         query(&mut conn, id)["data"],
-        json!({"k": 1, "step": 2, "retryAfterCount": 2, "originalNextRun": "2026-05-01 10:00:00"})
+        json!({"k": 1, "step": 2, "retryAfterCount": 2, "originalNextRun": "2026-05-01 10:05:30"})
     );
-    // The repeat counts from it (not from 10:05:30), and the key goes with
-    // the occurrence, even when the worker sends it back in new data.
+    // The repeat counts from it, and the key stays with the job's data,
+    // the server's value even when the worker sends back an older one.
     clock.set("2026-05-01 10:07:00");
     conn.call(&req(
         "FinishJob",
@@ -221,14 +222,14 @@ fn retry_after_jobs_with_a_scheduled_repeat_keep_their_schedule_in_original_next
         (&job["state"], &job["nextRun"], &job["data"]),
         (
             &json!("QUEUED"),
-            &json!("2026-05-01 11:00:00"),
-            &json!({"k": 2})
+            &json!("2026-05-01 11:05:30"),
+            &json!({"k": 2, "originalNextRun": "2026-05-01 10:05:30"})
         )
     );
 
-    // RetryJob with ignoreRepeat and new data: the run is retried within
-    // its occurrence, so the anchor stays, and the next hand-out keeps it.
-    clock.set("2026-05-01 11:00:05");
+    // RetryJob with ignoreRepeat and new data keeps the anchor of the
+    // hand-out it reports on; the next hand-out replaces it.
+    clock.set("2026-05-01 11:05:35");
     get_job(&mut conn, "hourly-report");
     conn.call(&req(
         "RetryJob",
@@ -241,23 +242,91 @@ fn retry_after_jobs_with_a_scheduled_repeat_keep_their_schedule_in_original_next
     ))
     .assert_empty_ok();
     let job = query(&mut conn, id);
-    assert_eq!(job["nextRun"], "2026-05-01 11:01:05");
+    assert_eq!(job["nextRun"], "2026-05-01 11:06:35");
     assert_eq!(
         job["data"],
-        json!({"k": 3, "originalNextRun": "2026-05-01 11:00:00"})
+        json!({"k": 3, "originalNextRun": "2026-05-01 11:05:30"})
     );
-    clock.set("2026-05-01 11:01:10");
+    clock.set("2026-05-01 11:06:40");
     get_job(&mut conn, "hourly-report");
     assert_eq!(
         api.job(id)["data"]["originalNextRun"],
-        "2026-05-01 11:00:00"
+        "2026-05-01 11:06:35"
     );
-    // A RetryJob that follows the repeat: from the anchor, not 11:01:05.
+    // A RetryJob that follows the repeat: from that anchor.
     conn.call(&req("RetryJob", &[("jobID", &id_text)]))
         .assert_empty_ok();
     let job = query(&mut conn, id);
-    assert_eq!(job["nextRun"], "2026-05-01 12:00:00");
-    assert_eq!(job["data"], json!({"k": 3}));
+    assert_eq!(job["nextRun"], "2026-05-01 12:06:35");
+    assert_eq!(
+        job["data"],
+        json!({"k": 3, "originalNextRun": "2026-05-01 11:06:35"})
+    );
+}
+
+/// Seconds from `from` to `to`, two of QueryJob's times.
+#[track_caller]
+fn secs_between(from: &Value, to: &Value) -> f64 {
+    let at = |t: &Value| {
+        let text = t.as_str().unwrap_or_else(|| panic!("a time: {t}"));
+        Timestamp::parse(text).unwrap_or_else(|| panic!("a time: {text}"))
+    };
+    (at(to).0 - at(from).0) as f64 / 1000.0
+}
+
+/// Bedrock's own `CreateJobTest::retryRecurringJobs`, step by step, on a
+/// scripted clock: every hand-out of a `retryAfter` job with a `SCHEDULED`
+/// repeat overwrites `data.originalNextRun` with the nextRun it was handed
+/// out at, and FinishJob counts the repeat from that and keeps the key.
+#[test]
+fn original_next_run_is_overwritten_at_every_hand_out_and_kept_after_finish_job() {
+    let (clock, _server, mut conn) = scripted("2026-05-01 10:00:00");
+    let id = create(
+        &mut conn,
+        &[
+            ("name", "testRetryable"),
+            ("repeat", "SCHEDULED, +10 SECONDS"),
+            ("retryAfter", "+5 SECOND"),
+        ],
+    );
+    let created = query(&mut conn, id);
+    assert_eq!(created["nextRun"], created["created"], "{created}");
+
+    // The first hand-out: RUNQUEUED, nextRun 5 s after lastRun.
+    let first = get_job(&mut conn, "testRetryable");
+    assert_eq!(first["data"], json!({}), "{first}");
+    let job = query(&mut conn, id);
+    assert_eq!(job["state"], "RUNQUEUED", "{job}");
+    assert_eq!(secs_between(&job["lastRun"], &job["nextRun"]), 5.0, "{job}");
+    assert_eq!(job["data"]["originalNextRun"], created["nextRun"], "{job}");
+    conn.call(&req("GetJob", &[("name", "testRetryable")]))
+        .assert_error("404 No job found");
+
+    // Handed out again once the retryAfter passed (a second late, as a
+    // poll would be): its data still has the first hand-out's anchor, and
+    // the hand-out overwrites it with the nextRun it was due at now.
+    clock.set("2026-05-01 10:00:06");
+    let second = get_job(&mut conn, "testRetryable");
+    assert_eq!(
+        second["data"]["originalNextRun"], created["nextRun"],
+        "{second}"
+    );
+    conn.call(&req("GetJob", &[("name", "testRetryable")]))
+        .assert_error("404 No job found");
+    let job = query(&mut conn, id);
+    assert_eq!(job["data"]["originalNextRun"], second["nextRun"], "{job}");
+
+    // Finished: QUEUED, the next run 10 s on from that anchor (Bedrock's
+    // test allows 9 to 11 s after lastRun), the key kept.
+    finish(&mut conn, id);
+    let job = query(&mut conn, id);
+    assert_eq!(job["state"], "QUEUED", "{job}");
+    let gap = secs_between(&job["lastRun"], &job["nextRun"]);
+    assert!(
+        (9.0..=11.0).contains(&gap),
+        "nextRun - lastRun = {gap} s: {job}"
+    );
+    assert_eq!(job["data"]["originalNextRun"], second["nextRun"], "{job}");
 }
 
 #[test]

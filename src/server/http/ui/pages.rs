@@ -533,13 +533,17 @@ pub async fn job(
                 Some(e) if e.exit_code.is_some() => format!("exit {}", e.exit_code.unwrap_or(0)),
                 _ => String::new(),
             };
-            let outcome = match end {
+            let mut outcome = match end {
                 None => "running".to_string(),
                 Some(e) => match &e.failure {
                     Some(group) => format!("{} ({group})", e.outcome),
                     None => e.outcome.clone(),
                 },
             };
+            // A streak of hand-backs for want of the worker: how many.
+            if let Some(times) = end.map(|e| e.hand_backs).filter(|&n| n > 0) {
+                outcome.push_str(&format!(" ×{times}"));
+            }
             json!({
                 "attempt": a.attempt,
                 "worker": a.worker.as_deref().unwrap_or(""),
@@ -566,6 +570,11 @@ pub async fn job(
         "attempts": attempts,
         "attempts_total": history.attempts_total,
         "actions": history.job.is_some(),
+        // Not while a worker holds it: queued again, it would run twice.
+        "retryable": history
+            .job
+            .as_ref()
+            .is_some_and(|j| !j.is_held_at(ui.queue.now())),
         // Bedrock cancels child jobs only.
         "cancellable": history.job.as_ref().is_some_and(|j| j.is_child()),
         "priority": priority,

@@ -56,7 +56,7 @@ pub(super) fn bigint(n: impl TryInto<i64>) -> i64 {
 
 /// The columns of an attempt, in the order [`read_attempt`] reads them.
 const ATTEMPT_COLUMNS: &str = "job_id, name, attempt, worker, due, started, ended, outcome, \
-     failure, exit_code, signal, stdout, stderr, stdout_bytes, stderr_bytes";
+     failure, exit_code, signal, stdout, stderr, stdout_bytes, stderr_bytes, hand_backs";
 
 /// An attempt from [`ATTEMPT_COLUMNS`].
 fn read_attempt(row: &Row) -> Result<Attempt, JobError> {
@@ -83,6 +83,7 @@ fn read_attempt(row: &Row) -> Result<Attempt, JobError> {
                 stderr: col(row, 12, WHAT)?,
                 stdout_bytes: bytes(13)?,
                 stderr_bytes: bytes(14)?,
+                hand_backs: col::<i64>(row, 15, WHAT)?.max(0) as u64,
             }),
             None => None,
         },
@@ -269,8 +270,8 @@ impl LedgerTx for PgTx<'_> {
         // first returned is the answer, as SQLite's `query_row` gives.
         let rows = self.query(
             "UPDATE attempts SET ended = $2, outcome = $3, failure = $4, exit_code = $5, \
-             signal = $6, stdout = $7, stderr = $8, stdout_bytes = $9, stderr_bytes = $10 \
-             WHERE job_id = $1 AND ended IS NULL \
+             signal = $6, stdout = $7, stderr = $8, stdout_bytes = $9, stderr_bytes = $10, \
+             hand_backs = $11 WHERE job_id = $1 AND ended IS NULL \
              RETURNING name, started, worker",
             &[
                 &job_id,
@@ -283,11 +284,54 @@ impl LedgerTx for PgTx<'_> {
                 &storable_opt(&end.stderr),
                 &end.stdout_bytes.map(bigint),
                 &end.stderr_bytes.map(bigint),
+                &bigint(end.hand_backs),
             ],
         )?;
         rows.first()
             .map(|row| {
                 const WHAT: &str = "attempt";
+                Ok(OpenAttempt {
+                    name: col(row, 0, WHAT)?,
+                    started: Timestamp(col(row, 1, WHAT)?),
+                    worker: col(row, 2, WHAT)?,
+                })
+            })
+            .transpose()
+    }
+
+    fn close_hand_back(
+        &mut self,
+        job_id: JobId,
+        ended: Timestamp,
+        end: &AttemptEnd,
+    ) -> Result<Option<OpenAttempt>, JobError> {
+        const WHAT: &str = "attempt";
+        let latest = self.query_opt(
+            "SELECT attempt_id, outcome FROM attempts WHERE job_id = $1 AND ended IS NOT NULL \
+             ORDER BY attempt_id DESC LIMIT 1",
+            &[&job_id],
+        )?;
+        let streak = match latest {
+            Some(row) if col::<Option<String>>(&row, 1, WHAT)?.as_deref() == Some(&end.outcome) => {
+                Some(col::<i64>(&row, 0, WHAT)?)
+            }
+            _ => None,
+        };
+        let Some(streak) = streak else {
+            return self.close_attempt(job_id, ended, end);
+        };
+        let rows = self.query(
+            "DELETE FROM attempts WHERE job_id = $1 AND ended IS NULL \
+             RETURNING name, started, worker",
+            &[&job_id],
+        )?;
+        self.execute(
+            "UPDATE attempts SET ended = $2, hand_backs = hand_backs + 1, failure = $3 \
+             WHERE attempt_id = $1",
+            &[&streak, &ended.0, &storable_opt(&end.failure)],
+        )?;
+        rows.first()
+            .map(|row| {
                 Ok(OpenAttempt {
                     name: col(row, 0, WHAT)?,
                     started: Timestamp(col(row, 1, WHAT)?),

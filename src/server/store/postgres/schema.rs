@@ -196,6 +196,8 @@ const MIGRATIONS: &[&str] = &[
     r#"CREATE INDEX jobs_state ON jobs (state, job_id);"#,
     // 6: the runs still open, as SQLite's schema 11.
     r#"CREATE INDEX attempts_open ON attempts (worker, started) WHERE ended IS NULL;"#,
+    // 7: the hand-backs an attempt row stands for, as SQLite's schema 12.
+    r#"ALTER TABLE attempts ADD COLUMN hand_backs BIGINT NOT NULL DEFAULT 0;"#,
 ];
 
 /// The schema version this build writes.
