@@ -236,6 +236,37 @@ fn a_repeating_job_that_keeps_failing_moves_on_to_its_next_occurrence() {
 }
 
 #[test]
+fn a_repeating_job_gets_all_its_attempts_at_each_occurrence_after_one_given_up() {
+    let server = Server::start();
+    let api = server.api();
+    let builder = Supervisor::builder(&server.url);
+    let attempts = builder.path().join("attempts");
+    let _sup = builder
+        .worker(
+            "Flaky",
+            &format!(
+                "#!/bin/sh
+cat > /dev/null
+echo \"$JOBMGR_ATTEMPT\" >> '{}'
+exit 3
+",
+                attempts.display()
+            ),
+        )
+        .arg("--max-attempts")
+        .arg("2")
+        .start();
+    api.create(json!({"name": "Flaky", "repeat": "FINISHED, +1 SECOND"}));
+    // Two tries, given up on, then the next occurrence: two tries again.
+    let seen = poll("three occurrences' attempts", || {
+        let text = std::fs::read_to_string(&attempts).unwrap_or_default();
+        let seen: Vec<String> = text.lines().map(str::to_string).collect();
+        (seen.len() >= 5).then_some(seen)
+    });
+    assert_eq!(seen[..5], ["1", "2", "1", "2", "1"], "{seen:?}");
+}
+
+#[test]
 fn a_worker_that_cannot_start_fails_with_the_reason() {
     let server = Server::start();
     let api = server.api();

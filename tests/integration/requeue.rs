@@ -52,6 +52,38 @@ fn assert_refused_naming(answer: (u16, Value), held: &[i64]) {
     assert!(message.contains("wait for"), "{message}");
 }
 
+#[test]
+fn a_requeued_job_counts_its_attempts_and_unreported_hand_outs_afresh() {
+    let server = Server::start();
+    let api = server.api();
+    // Failed after its one attempt: queued again, its next hand-out is
+    // attempt 1, not 2 (a supervisor's retry policy would give it no more
+    // than one try, once past its --max-attempts).
+    let id = api.create(json!({"name": "Requeue/failed"}));
+    let held = api.dequeue(json!({"name": "Requeue/failed", "leaseMs": 60_000}));
+    assert_eq!(held[0]["attempt"], 1);
+    let (status, _) = api.post(
+        &format!("/jobs/{id}/fail"),
+        json!({"lease": held[0]["lease"]}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(requeue(&api, &[id]).0, 200);
+    let again = api.dequeue(json!({"name": "Requeue/failed", "leaseMs": 60_000}));
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0]["attempt"], 1, "attempts count afresh: {again:?}");
+
+    // A retryAfter job worn out by unreported hand-outs: FAILED at its next
+    // hand-out; requeued, it is handed out, not failed again at once.
+    let worn = api.create(json!({"name": "Requeue/worn", "retryAfter": "+1 HOUR",
+                                 "data": {"retryAfterCount": 10}}));
+    assert!(api.dequeue(json!({"name": "Requeue/worn"})).is_empty());
+    assert_eq!(api.state(worn).as_deref(), Some("FAILED"));
+    assert_eq!(requeue(&api, &[worn]).0, 200);
+    let handed = api.dequeue(json!({"name": "Requeue/worn"}));
+    assert_eq!(handed.len(), 1, "handed out again: {handed:?}");
+    assert_eq!(api.state(worn).as_deref(), Some("RUNQUEUED"));
+}
+
 /// The job's state and lease, which a refused requeue must leave alone.
 fn state_and_lease(api: &Api, id: i64) -> (Value, Value) {
     let job = api.job(id);

@@ -545,6 +545,7 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
     } else {
         None
     };
+    let next_occurrence = next.is_some();
     let next = match (&report, next) {
         (_, Some(next)) => Some(next),
         (Report::Retry(retry), None) => Some(retry_time(retry, now)?),
@@ -553,8 +554,9 @@ pub fn finish_or_retry(tx: &mut Tracked, report: Report<'_>) -> Result<(), JobEr
 
     job.lease = None;
     if let Some(next) = next {
-        if matches!(report, Report::Finish(_)) {
-            // A repeating job's next run is a new occurrence: its attempts
+        if next_occurrence {
+            // A repeating job's next run is a new occurrence (finished, or
+            // retried at its repeat time: a run given up on): its attempts
             // and lapses count afresh.
             job.attempts = 0;
             job.lapses = 0;
@@ -797,6 +799,12 @@ pub fn requeue(tx: &mut Tracked, cmd: &RequeueJobs) -> Result<usize, JobError> {
         }
         job.next_run = job.created;
         job.lease = None;
+        // Queued again as new, as a failure group's retry does: a job that
+        // used up its attempts, lapses or unreported hand-outs would
+        // otherwise fail again at its next hand-out, without a full try.
+        job.attempts = 0;
+        job.lapses = 0;
+        job.data.remove(RETRY_AFTER_COUNT);
         if let Some(name) = &cmd.name {
             job.name = name.clone();
         }
