@@ -172,12 +172,14 @@ pub async fn follow_freed_slots(queue: Queue) {
         }
         let listed = waiters.listed();
         let now = queue.now();
-        let picked = queue
-            .read(move |tx| {
-                let throttles = tx.throttles().list_throttles()?;
-                pick(tx, &listed, &globs.into_iter().collect(), &throttles, now)
-            })
-            .await;
+        let picked = queue.read(move |tx| {
+            let throttles = tx.throttles().list_throttles()?;
+            pick(tx, &listed, &globs.into_iter().collect(), &throttles, now)
+        });
+        let picked = tokio::select! {
+            _ = queue.inner.shutdown.cancelled() => return,
+            picked = picked => picked,
+        };
         match picked {
             Ok(slots) => waiters.wake_for_slots(slots),
             Err(error) => {
@@ -185,5 +187,88 @@ pub async fn follow_freed_slots(queue: Queue) {
                 waiters.wake_all();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::protocol::{CreateJob, FinishJob, GetJobs, LeaseTerm, NamePattern, Priority};
+    use crate::server::queue::QueueConfig;
+    use crate::server::store::SqliteStore;
+
+    fn wants(glob: &str) -> GetJobs {
+        GetJobs {
+            pattern: NamePattern::Glob(glob.into()),
+            num_results: 10,
+            priority: None,
+            lease: LeaseTerm::Millis(60_000),
+            worker: None,
+        }
+    }
+
+    fn listed(id: u64, glob: &str, priority: Option<Priority>, want: usize) -> Listed {
+        Listed {
+            id,
+            pattern: Arc::new(NamePattern::Glob(glob.into())),
+            priority,
+            want,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_group_of_waiters_gets_as_many_slots_as_it_has_held_back_jobs_up_to_the_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
+        let queue = Queue::start(store.clone(), QueueConfig::default());
+        queue.ready().await;
+        queue.set_throttle("t/*".into(), 2).await.unwrap();
+        for _ in 0..2 {
+            queue.create(CreateJob::named("t/held")).await.unwrap();
+        }
+        let held = queue.get_jobs(wants("t/*"), None).await.unwrap();
+        for name in ["t/a", "t/a", "t/a", "t/b"] {
+            queue.create(CreateJob::named(name)).await.unwrap();
+        }
+        // Parked behind the full throttle by a claim that took nothing.
+        assert!(queue.get_jobs(wants("t/*"), None).await.unwrap().is_empty());
+        for handout in held {
+            let finish = FinishJob {
+                id: handout.job.id,
+                data: None,
+                lease: Some(handout.lease_token),
+                run: None,
+            };
+            queue.finish(finish).await.unwrap();
+        }
+        let high = Some(Priority::new(1000).unwrap());
+        let waiters = vec![
+            listed(1, "t/a", None, 1),
+            listed(2, "t/b", None, 1),
+            listed(3, "t/a", None, 1),
+            listed(4, "t/a", None, 1),
+            listed(5, "other/*", None, 1),
+            listed(6, "t/a", high, 1),
+            listed(7, "t/*", None, 5),
+        ];
+        let now = queue.now();
+        let slots = queue
+            .read(move |tx| {
+                let throttles = tx.throttles().list_throttles()?;
+                let globs = ["t/*".to_string()].into_iter().collect();
+                pick(tx, &waiters, &globs, &throttles, now)
+            })
+            .await
+            .unwrap();
+        let picked: Vec<(u64, usize)> = slots.iter().map(|(id, s)| (*id, s.count)).collect();
+        // Room for two: the two oldest on t/a, the one on t/b, and the one
+        // on t/* for two; none for another name or a priority none has.
+        assert_eq!(picked, [(1, 1), (3, 1), (2, 1), (7, 2)]);
+        assert!(slots.iter().all(|(_, slot)| slot.glob == "t/*"));
+        queue.shutdown();
+        queue.settle().await;
+        store.close();
     }
 }
