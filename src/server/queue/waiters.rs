@@ -354,6 +354,9 @@ impl Waiters {
         &self,
         slots: &mut Vec<(u64, FreedSlot)>,
     ) -> Vec<(Servable, Vec<FreedSlot>)> {
+        if slots.is_empty() {
+            return Vec::new();
+        }
         let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
         let mut served: Vec<(Servable, Vec<FreedSlot>, u64)> = Vec::new();
         let mut left = Vec::new();

@@ -9,9 +9,10 @@
 //! jobs are held back by another throttle too) takes no slot from another.
 //!
 //! A job is *held back* by a throttle when it is due and matches it, and
-//! is parked behind it or not parked at all: a claim that met the full
-//! throttle may not have committed its parking yet (on a store other
-//! servers share), and a job nobody parked is as good to wake for.
+//! is parked behind it or not parked at all: a claim on another server
+//! that met the full throttle may not have committed its parking yet, a
+//! removed throttle's jobs were just unparked, and a job nobody parked is
+//! as good to wake for.
 //!
 //! When the slots are weighed:
 //!
@@ -19,7 +20,10 @@
 //!   runs this server's writes one at a time, so each claim of theirs came
 //!   before the write (and what it parked is seen) or comes after it (and
 //!   sees the room). On SQLite, a sleeping waiter picked is served in the
-//!   same commit (`serving`); the others are woken once it is durable.
+//!   same commit (`serving`); the others are woken once it is durable. On
+//!   a store other servers share, the room read here may still count a job
+//!   another server is freeing at the same moment: that server's
+//!   announcement has the throttle looked at again here.
 //! - **After another server's commit that freed them** (its announcement
 //!   names the throttles), and **when a waiter passes a slot on**: looked
 //!   at again from the store, after that commit, by [`follow_freed_slots`].
