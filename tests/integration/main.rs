@@ -27,6 +27,7 @@ mod environment;
 mod events;
 mod failover;
 mod fetch_ahead;
+mod freed_slots;
 mod handback;
 mod harness;
 mod held_rows;

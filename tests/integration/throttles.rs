@@ -20,7 +20,7 @@ use crate::common::{
 };
 
 /// One server, or on PostgreSQL two sharing one database.
-fn fleet() -> Vec<Server> {
+pub(crate) fn fleet() -> Vec<Server> {
     let first = Server::start();
     if store_is_postgres() {
         let second = Server::builder().same_store_as(&first).start();
@@ -31,7 +31,7 @@ fn fleet() -> Vec<Server> {
 }
 
 /// `PUT /throttles/{glob}`; panics unless it succeeds.
-fn set(api: &Api, glob: &str, max: i64) {
+pub(crate) fn set(api: &Api, glob: &str, max: i64) {
     let (status, answer) = api.send(
         "PUT",
         &format!("/throttles/{}", encode(glob)),
@@ -41,7 +41,7 @@ fn set(api: &Api, glob: &str, max: i64) {
 }
 
 /// A GLOB as one path segment.
-fn encode(glob: &str) -> String {
+pub(crate) fn encode(glob: &str) -> String {
     glob.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
@@ -51,7 +51,7 @@ fn encode(glob: &str) -> String {
 }
 
 /// `GET /throttles` as glob → (max, running).
-fn throttles(api: &Api) -> HashMap<String, (i64, i64)> {
+pub(crate) fn throttles(api: &Api) -> HashMap<String, (i64, i64)> {
     let (status, answer) = api.get("/throttles");
     assert_eq!(status, 200, "{answer}");
     answer["throttles"]

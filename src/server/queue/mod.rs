@@ -235,6 +235,7 @@ impl Queue {
         }
         labels::watch_tracked(&queue);
         tokio::spawn(scheduler::run(queue.clone()));
+        tokio::spawn(throttles::follow_freed_slots(queue.clone()));
         tokio::spawn(reports::purge_periodically(queue.clone()));
         if let Some(age) = config.requeue_unleased_after {
             tokio::spawn(sweeper::run(queue.clone(), age));
@@ -332,7 +333,7 @@ impl Queue {
                     let (reading, stepped) =
                         steps::make_up_for_step(&mut tx, &watch, clock.is_scripted() || shared)?;
                     let result = op(&mut tx)?;
-                    throttles::wake_for_freed_slots(&mut tx)?;
+                    throttles::wake_for_freed_slots(&mut tx, &waiters)?;
                     // Not on a store shared with other servers: there a claim
                     // inside another write would take the throttles' and
                     // supervisors' row locks after that write's own, an order
@@ -398,13 +399,15 @@ impl Queue {
             }
         }
         self.inner.waiters.wake(due);
+        self.inner.waiters.wake_for_slots(changes.slot_wake_ups);
         if let Some(at) = later {
             self.inner.timer.nudge(at);
         }
     }
 
     /// Acts on another server's commit as on this server's own: wakes the
-    /// waiters for what it made due and sets the timer for the rest. After
+    /// waiters for what it made due, sets the timer for the rest, and has
+    /// the throttles whose slots it freed looked at again. After
     /// announcements may have been missed, every waiter and the timer look
     /// again.
     fn after_other_commit(&self, announcement: Announcement) {
@@ -412,21 +415,25 @@ impl Queue {
             Announcement::Changes {
                 ready,
                 lease_expiry,
-            } => self.after_commit(Changes {
-                ready: ready
-                    .into_iter()
-                    .map(|job| {
-                        let due = DueJob {
-                            id: job.id,
-                            name: job.name,
-                            priority: job.priority,
-                        };
-                        (due, job.next_run)
-                    })
-                    .collect(),
-                lease_expiry,
-                ..Changes::default()
-            }),
+                freed,
+            } => {
+                self.inner.waiters.look_again(freed);
+                self.after_commit(Changes {
+                    ready: ready
+                        .into_iter()
+                        .map(|job| {
+                            let due = DueJob {
+                                id: job.id,
+                                name: job.name,
+                                priority: job.priority,
+                            };
+                            (due, job.next_run)
+                        })
+                        .collect(),
+                    lease_expiry,
+                    ..Changes::default()
+                })
+            }
             Announcement::Missed => {
                 self.inner.waiters.wake_all();
                 self.inner.timer.wake_now();

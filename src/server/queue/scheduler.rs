@@ -117,7 +117,7 @@ async fn tick(queue: &Queue, last: Timestamp) -> Result<(Timestamp, Option<Times
             let lapsed = requeued.len() + failed.len();
             let now = tx.now;
             let due = if anyone_waiting {
-                tx.store().due_between(last, now, MAX_NAMED + 1)?
+                tx.due_between(last, now, MAX_NAMED + 1)?
             } else {
                 Vec::new()
             };

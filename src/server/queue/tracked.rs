@@ -2,12 +2,11 @@
 //! so that the queue can wake waiters and set its timer once the transaction
 //! is committed, without any rule having to remember to.
 
-use std::collections::HashMap;
-
 use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
 use crate::server::store::{ReadyJob, StoreTx};
 
-use super::waiters::DueJob;
+use super::throttles::Holds;
+use super::waiters::{DueJob, FreedSlot};
 use crate::server::events::{EventKind, JobEvent};
 
 /// What a committed transaction means for waiters and the timer.
@@ -19,6 +18,11 @@ pub struct Changes {
     pub lease_expiry: Option<Timestamp>,
     /// The job state changes made, in order, published once committed.
     pub events: Vec<JobEvent>,
+    /// Throttles whose slots it freed, or that it changed, told to the
+    /// servers sharing the store.
+    pub freed: Vec<String>,
+    /// This server's waiters given those slots, to wake once committed.
+    pub slot_wake_ups: Vec<(u64, FreedSlot)>,
 }
 
 /// What a transaction had recorded at a mark (see [`Tracked::mark`]).
@@ -38,12 +42,9 @@ pub struct Tracked<'a> {
     /// ms: the ledger counts its capacity only between closer sightings.
     pub worker_gone_after_ms: i64,
     changes: Changes,
-    /// Jobs read in this transaction: their names and whether they held a
-    /// throttle's slot.
-    seen: HashMap<JobId, (String, bool)>,
-    /// Names of jobs whose hold (of a throttle's slot) this transaction
-    /// may have ended.
-    left_held: Vec<String>,
+    /// Which of the jobs it read and wrote hold throttles' slots, and the
+    /// holds it ended.
+    holds: Holds,
 }
 
 impl<'a> Tracked<'a> {
@@ -54,8 +55,7 @@ impl<'a> Tracked<'a> {
             now,
             worker_gone_after_ms,
             changes: Changes::default(),
-            seen: HashMap::new(),
-            left_held: Vec::new(),
+            holds: Holds::default(),
         }
     }
 
@@ -106,12 +106,7 @@ impl<'a> Tracked<'a> {
     pub fn update(&mut self, job: &Job) -> Result<(), JobError> {
         self.store.update(job)?;
         self.note(job.id, job);
-        let holds = super::throttles::holds_slot(job, self.now);
-        let held = self.seen.get(&job.id).map(|(_, held)| *held);
-        if !holds && held != Some(false) {
-            self.left_held.push(job.name.clone());
-        }
-        self.seen.insert(job.id, (job.name.clone(), holds));
+        self.holds.wrote(job, self.now);
         Ok(())
     }
 
@@ -119,8 +114,7 @@ impl<'a> Tracked<'a> {
     pub fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
         let job = self.store.get(id)?;
         if let Some(job) = &job {
-            let holds = super::throttles::holds_slot(job, self.now);
-            self.seen.insert(id, (job.name.clone(), holds));
+            self.holds.read(job, self.now);
         }
         Ok(job)
     }
@@ -133,22 +127,45 @@ impl<'a> Tracked<'a> {
     /// Removes a job.
     pub fn delete(&mut self, id: JobId) -> Result<(), JobError> {
         self.store.delete(id)?;
-        if let Some((name, true)) = self.seen.remove(&id) {
-            self.left_held.push(name);
-        }
+        self.holds.removed(id);
         Ok(())
     }
 
-    /// Names a job as ready, so that waiters are woken for it after the
-    /// commit (and other servers told), though this transaction did not
-    /// write it: a job parked behind a throttle that now has room.
-    pub fn wake_for(&mut self, job: &ReadyJob) {
-        let due = DueJob {
-            id: job.id,
-            name: job.name.clone(),
-            priority: job.priority,
-        };
-        self.changes.ready.push((due, job.next_run));
+    /// The account of throttles' slots held and freed in this transaction.
+    pub fn holds(&mut self) -> &mut Holds {
+        &mut self.holds
+    }
+
+    /// Tells the servers sharing the store, once committed, that these
+    /// throttles' slots were freed.
+    pub fn freed_slots(&mut self, globs: Vec<String>) {
+        self.changes.freed.extend(globs);
+    }
+
+    /// Wakes these waiters of this server for freed slots once committed
+    /// (unless served in the commit: see `serving`).
+    pub fn wake_for_slots(&mut self, slots: Vec<(u64, FreedSlot)>) {
+        self.changes.slot_wake_ups.extend(slots);
+    }
+
+    /// The waiters to wake for freed slots once committed, for a commit
+    /// that serves some of them.
+    pub fn slot_wake_ups(&mut self) -> &mut Vec<(u64, FreedSlot)> {
+        &mut self.changes.slot_wake_ups
+    }
+
+    /// The jobs due in `(after, upto]` (see [`StoreTx::due_between`]); the
+    /// RUNQUEUED ones among them ended their hold of a throttle's slot.
+    pub fn due_between(
+        &mut self,
+        after: Timestamp,
+        upto: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<(JobId, String, Priority)>, JobError> {
+        let due = self.store.due_between(after, upto, limit)?;
+        self.holds
+            .due_again(due.iter().map(|(_, name, _)| name.as_str()));
+        Ok(due)
     }
 
     /// Marks this point of the transaction (see [`StoreTx::mark`]), with
@@ -199,15 +216,6 @@ impl<'a> Tracked<'a> {
             .retain(|(job, next_run)| *next_run > now || !ids.contains(&job.id));
     }
 
-    /// The names of jobs whose hold of a throttle's slot this transaction
-    /// may have ended, deduplicated; forgotten here.
-    pub fn take_left_held(&mut self) -> Vec<String> {
-        let mut names = std::mem::take(&mut self.left_held);
-        names.sort_unstable();
-        names.dedup();
-        names
-    }
-
     /// The oldest job with this exact name.
     pub fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError> {
         self.store.find_by_name(name)
@@ -230,7 +238,8 @@ impl<'a> Tracked<'a> {
     }
 
     /// Tells other servers sharing the store what this transaction made
-    /// ready and the earliest lease it set, once it commits.
+    /// ready, the earliest lease it set and the throttles whose slots it
+    /// freed, once it commits.
     pub fn announce(&mut self) -> Result<(), JobError> {
         let ready: Vec<ReadyJob> = self
             .changes
@@ -243,7 +252,8 @@ impl<'a> Tracked<'a> {
                 next_run: *next_run,
             })
             .collect();
-        self.store.announce(&ready, self.changes.lease_expiry)
+        self.store
+            .announce(&ready, self.changes.lease_expiry, &self.changes.freed)
     }
 
     /// The underlying transaction, for reads the queue makes directly.

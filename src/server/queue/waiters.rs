@@ -56,6 +56,17 @@
 //!   are claiming (not asleep) are passed over, so a job may go to a
 //!   request that came after one of them: order among waiters is first come,
 //!   first served only among those asleep.
+//! - **Freed throttle slots.** A slot freed in a throttle is no job to
+//!   name: the jobs it held back may be of any name. The throttles' module
+//!   picks, among the listed waiters, those that may take one of them
+//!   ([`Waiters::listed`]) and gives each a [`FreedSlot`] by its entry
+//!   ([`Waiters::wake_for_slots`]); a waiter no longer listed has its slot
+//!   looked at again. The waiter owes it as a job's wake-up: a claim that
+//!   finds nothing settles it (it can take none of those jobs), as does one
+//!   that takes as many jobs under the throttle as the slot was for; any
+//!   other end passes it on, which here means the throttle is looked at
+//!   again from the store ([`Waiters::look_again`]), and the waiters that
+//!   may take its jobs then are woken.
 //! - **Many names at once** (past [`MAX_DISTINCT_NAMES`]), and shutdown:
 //!   every waiter is woken with no job named ([`Waiters::wake_all`]) and
 //!   looks for itself. Each woken waiter claims after the commit, and any
@@ -67,6 +78,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, oneshot};
 
+use crate::protocol::pattern::glob_matches;
 use crate::protocol::view::HandOut;
 use crate::protocol::{GetJobs, JobError, JobId, NamePattern, Priority};
 
@@ -84,9 +96,63 @@ pub struct DueJob {
     pub priority: Priority,
 }
 
-/// The jobs a waiter was woken for, shared between it and the list: `None`
-/// while asleep, an empty list when woken to look for itself.
-type WokenFor = Arc<Mutex<Option<Vec<DueJob>>>>;
+/// A slot freed in a throttle, given to a waiter that may take one of the
+/// jobs the throttle held back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreedSlot {
+    /// The throttle's GLOB.
+    pub glob: String,
+    /// How many of its held-back jobs the waiter was woken to take.
+    pub count: usize,
+}
+
+impl FreedSlot {
+    /// Whether a claim that handed out `handouts` settled this wake-up: it
+    /// took as many jobs under the throttle as the slot was for.
+    pub fn settled_by(&self, handouts: &[HandOut]) -> bool {
+        let taken = handouts
+            .iter()
+            .filter(|handout| glob_matches(&self.glob, &handout.job.name))
+            .count();
+        taken >= self.count
+    }
+}
+
+/// What a waiter was woken for: jobs that became due, slots freed in
+/// throttles; both empty when woken to look for itself.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Woken {
+    /// Jobs that became due.
+    pub jobs: Vec<DueJob>,
+    /// Slots freed in throttles.
+    pub slots: Vec<FreedSlot>,
+}
+
+/// What a waiter was woken for, shared between it and the list: `None`
+/// while asleep.
+type WokenFor = Arc<Mutex<Option<Woken>>>;
+
+/// A listed waiter as the throttles' module weighs it: who it is and what
+/// it asks for.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Its entry in the list.
+    pub id: u64,
+    /// The names it takes.
+    pub pattern: Arc<NamePattern>,
+    /// The priority it takes, when it names one.
+    pub priority: Option<Priority>,
+    /// How many jobs it takes.
+    pub want: usize,
+}
+
+/// Throttles whose freed slots are to be looked at again, from the store,
+/// by the queue's task for it (see `throttles`).
+#[derive(Debug, Default)]
+struct LookAgain {
+    globs: Mutex<std::collections::BTreeSet<String>>,
+    notify: Notify,
+}
 
 /// A sleeping request that a commit may serve in its own transaction: what
 /// it asks for, and where its answer goes. Dropped unanswered (the commit
@@ -123,6 +189,7 @@ struct List {
 #[derive(Debug, Default, Clone)]
 pub struct Waiters {
     list: Arc<Mutex<List>>,
+    look_again: Arc<LookAgain>,
 }
 
 impl Waiters {
@@ -225,8 +292,127 @@ impl Waiters {
                 continue;
             }
             let entry = list.entries.remove(index);
-            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs);
+            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(Woken {
+                jobs,
+                slots: Vec::new(),
+            });
             entry.notify.notify_one();
+        }
+    }
+
+    /// The waiters listed now, oldest first.
+    pub fn listed(&self) -> Vec<Listed> {
+        let list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        list.entries
+            .iter()
+            .map(|entry| Listed {
+                id: entry.id,
+                pattern: Arc::clone(&entry.pattern),
+                priority: entry.priority,
+                want: entry.want,
+            })
+            .collect()
+    }
+
+    /// Wakes these waiters (by their [`Listed::id`]) for slots freed in
+    /// throttles. A waiter no longer listed (woken meanwhile, or gone) has
+    /// its slot looked at again instead.
+    pub fn wake_for_slots(&self, slots: Vec<(u64, FreedSlot)>) {
+        if slots.is_empty() {
+            return;
+        }
+        let mut again = Vec::new();
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut woken: Vec<(Entry, Vec<FreedSlot>)> = Vec::new();
+        for (id, slot) in slots {
+            if let Some((_, held)) = woken.iter_mut().find(|(entry, _)| entry.id == id) {
+                held.push(slot);
+            } else if let Some(index) = list.entries.iter().position(|entry| entry.id == id) {
+                woken.push((list.entries.remove(index), vec![slot]));
+            } else {
+                again.push(slot.glob);
+            }
+        }
+        // Told under the list's lock, as `wake` does: a ticket that
+        // unregisters meanwhile finds what it was woken for.
+        for (entry, slots) in woken {
+            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(Woken {
+                jobs: Vec::new(),
+                slots,
+            });
+            entry.notify.notify_one();
+        }
+        drop(list);
+        self.look_again(again);
+    }
+
+    /// Takes out of the list the sleeping requests among `slots` that
+    /// offered to be served, with the slots they were picked for, and
+    /// leaves the rest in `slots`: the caller claims for each in its
+    /// transaction (see [`Waiters::take_servable`]).
+    pub fn take_servable_for_slots(
+        &self,
+        slots: &mut Vec<(u64, FreedSlot)>,
+    ) -> Vec<(Servable, Vec<FreedSlot>)> {
+        if slots.is_empty() {
+            return Vec::new();
+        }
+        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut served: Vec<(Servable, Vec<FreedSlot>, u64)> = Vec::new();
+        let mut left = Vec::new();
+        for (id, slot) in std::mem::take(slots) {
+            if let Some((_, held, _)) = served.iter_mut().find(|(_, _, served)| *served == id) {
+                held.push(slot);
+                continue;
+            }
+            let index = list.entries.iter().position(|entry| {
+                entry.id == id
+                    && entry
+                        .servable
+                        .as_ref()
+                        .is_some_and(|servable| !servable.answer.is_closed())
+            });
+            match index.and_then(|index| list.entries.remove(index).servable) {
+                Some(servable) => served.push((servable, vec![slot], id)),
+                None => left.push((id, slot)),
+            }
+        }
+        *slots = left;
+        served
+            .into_iter()
+            .map(|(servable, slots, _)| (servable, slots))
+            .collect()
+    }
+
+    /// Asks for the freed slots of these throttles to be looked at again
+    /// from the store (by the queue's task for it).
+    pub fn look_again(&self, globs: Vec<String>) {
+        if globs.is_empty() {
+            return;
+        }
+        self.look_again
+            .globs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(globs);
+        self.look_again.notify.notify_one();
+    }
+
+    /// The throttles asked to be looked at again since the last call, once
+    /// there are some.
+    pub async fn to_look_at_again(&self) -> Vec<String> {
+        loop {
+            let globs = std::mem::take(
+                &mut *self
+                    .look_again
+                    .globs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            if !globs.is_empty() {
+                return globs.into_iter().collect();
+            }
+            self.look_again.notify.notified().await;
         }
     }
 
@@ -312,7 +498,7 @@ impl Waiters {
     pub fn wake_all(&self) {
         let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
         for entry in list.entries.drain(..) {
-            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+            *entry.woken_for.lock().unwrap_or_else(|e| e.into_inner()) = Some(Woken::default());
             entry.notify.notify_one();
         }
     }
@@ -341,10 +527,9 @@ impl Ticket {
         self.notify.notified().await
     }
 
-    /// Ends the registration without passing anything on, and returns the
-    /// jobs it was woken for: the holder now owes those wake-ups (see
-    /// [`Owed`]).
-    pub fn disarm(mut self) -> Vec<DueJob> {
+    /// Ends the registration without passing anything on, and returns what
+    /// it was woken for: the holder now owes those wake-ups (see [`Owed`]).
+    pub fn disarm(mut self) -> Woken {
         self.armed = false;
         self.waiters.remove(self.id);
         self.woken_for
@@ -389,21 +574,32 @@ impl Drop for Ticket {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some(jobs) = woken_for {
-            self.waiters.wake(jobs);
+        if let Some(woken) = woken_for {
+            self.waiters.pass_on(woken);
         }
     }
 }
 
+impl Waiters {
+    /// Passes on wake-ups nobody acted on: each job to the next waiter
+    /// that could take it, each freed slot to be looked at again.
+    fn pass_on(&self, woken: Woken) {
+        self.wake(woken.jobs);
+        self.look_again(woken.slots.into_iter().map(|slot| slot.glob).collect());
+    }
+}
+
 /// The wake-ups a request holds and has not yet settled: jobs it was woken
-/// for. It settles them by taking those jobs, by a claim that finds nothing
-/// (which proves they are gone), or by passing them on; whatever is left
+/// for, and slots freed in throttles. It settles them by taking those jobs
+/// (as many jobs under the throttle as a slot was for), by a claim that
+/// finds nothing (which proves the jobs are gone, and that it can take none
+/// of those a throttle held back), or by passing them on; whatever is left
 /// when it is dropped is passed on, so a request that ends in any way (an
 /// answer, an error, its client gone) loses no wake-up.
 #[derive(Debug)]
 pub struct Owed {
     waiters: Waiters,
-    jobs: Vec<DueJob>,
+    woken: Woken,
 }
 
 impl Owed {
@@ -411,31 +607,36 @@ impl Owed {
     pub fn new(waiters: Waiters) -> Self {
         Owed {
             waiters,
-            jobs: Vec::new(),
+            woken: Woken::default(),
         }
     }
 
     /// Adds the wake-ups a ticket held.
-    pub fn add(&mut self, jobs: Vec<DueJob>) {
-        self.jobs.extend(jobs);
+    pub fn add(&mut self, woken: Woken) {
+        self.woken.jobs.extend(woken.jobs);
+        self.woken.slots.extend(woken.slots);
     }
 
     /// Settles everything: a claim made after every owed wake-up found no
-    /// job, so the jobs they were for are gone.
+    /// job, so the jobs they were for are gone, and none held back by the
+    /// throttles whose slots were freed is one it can take.
     pub fn settle_all(&mut self) {
-        self.jobs.clear();
+        self.woken = Woken::default();
     }
 
-    /// Settles the wake-ups for jobs handed out, and passes on the rest now.
+    /// Settles the wake-ups for jobs handed out and the freed slots they
+    /// filled, and passes on the rest now.
     pub fn pass_on_all_but(mut self, handouts: &[HandOut]) {
-        self.jobs
+        self.woken
+            .jobs
             .retain(|job| !handouts.iter().any(|handout| handout.job.id == job.id));
+        self.woken.slots.retain(|slot| !slot.settled_by(handouts));
     }
 }
 
 impl Drop for Owed {
     fn drop(&mut self) {
-        self.waiters.wake(std::mem::take(&mut self.jobs));
+        self.waiters.pass_on(std::mem::take(&mut self.woken));
     }
 }
 
@@ -450,6 +651,27 @@ mod tests {
             name: name.into(),
             priority,
         }
+    }
+
+    fn jobs(jobs: Vec<DueJob>) -> Woken {
+        Woken {
+            jobs,
+            slots: Vec::new(),
+        }
+    }
+
+    fn slot(glob: &str, count: usize) -> FreedSlot {
+        FreedSlot {
+            glob: glob.into(),
+            count,
+        }
+    }
+
+    /// The throttles asked to be looked at again, if any (within 50 ms).
+    async fn looked_at_again(waiters: &Waiters) -> Vec<String> {
+        tokio::time::timeout(Duration::from_millis(50), waiters.to_look_at_again())
+            .await
+            .unwrap_or_default()
     }
 
     fn glob(p: &str) -> Arc<NamePattern> {
@@ -506,8 +728,8 @@ mod tests {
         waiters.wake(jobs);
         assert!(woken(&many).await);
         assert!(!woken(&next).await);
-        assert_eq!(many.disarm().len(), 3);
-        assert!(next.disarm().is_empty());
+        assert_eq!(many.disarm().jobs.len(), 3);
+        assert!(next.disarm().jobs.is_empty());
         assert!(waiters.is_empty());
     }
 
@@ -539,8 +761,8 @@ mod tests {
         let jobs: Vec<_> = (0..3).map(|i| due(i, "same", Priority::DEFAULT)).collect();
         waiters.wake(jobs);
         assert!(woken(&a).await && woken(&b).await && !woken(&c).await);
-        assert_eq!(a.disarm().len(), 2);
-        assert_eq!(b.disarm().len(), 1);
+        assert_eq!(a.disarm().jobs.len(), 2);
+        assert_eq!(b.disarm().jobs.len(), 1);
     }
 
     #[tokio::test]
@@ -554,7 +776,7 @@ mod tests {
         ]);
         drop(first);
         assert!(woken(&second).await);
-        let ids: Vec<JobId> = second.disarm().iter().map(|job| job.id).collect();
+        let ids: Vec<JobId> = second.disarm().jobs.iter().map(|job| job.id).collect();
         assert_eq!(ids, vec![7, 8]);
     }
 
@@ -631,7 +853,7 @@ mod tests {
             Err(tokio::sync::oneshot::error::TryRecvError::Closed)
         ));
         assert!(ticket.sleep_servable(request("*", None, 2)).is_none());
-        assert_eq!(ticket.disarm(), vec![due(1, "a", Priority::DEFAULT)]);
+        assert_eq!(ticket.disarm().jobs, vec![due(1, "a", Priority::DEFAULT)]);
     }
 
     #[tokio::test]
@@ -639,14 +861,89 @@ mod tests {
         let waiters = Waiters::default();
         let next = waiters.register(glob("*"), None, 1);
         let mut owed = Owed::new(waiters.clone());
-        owed.add(vec![due(3, "x", Priority::DEFAULT)]);
+        owed.add(jobs(vec![due(3, "x", Priority::DEFAULT)]));
         owed.settle_all();
         drop(owed);
         assert!(!woken(&next).await, "a settled wake-up is not passed on");
         let mut owed = Owed::new(waiters.clone());
-        owed.add(vec![due(4, "x", Priority::DEFAULT)]);
+        owed.add(jobs(vec![due(4, "x", Priority::DEFAULT)]));
         owed.pass_on_all_but(&[]);
         assert!(woken(&next).await);
-        assert_eq!(next.disarm(), vec![due(4, "x", Priority::DEFAULT)]);
+        assert_eq!(next.disarm().jobs, vec![due(4, "x", Priority::DEFAULT)]);
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_wakes_the_waiter_it_names_and_one_gone_is_looked_at_again() {
+        let waiters = Waiters::default();
+        let first = waiters.register(glob("t/*"), None, 1);
+        let picked = waiters.register(glob("t/low"), None, 1);
+        let id = waiters.listed()[1].id;
+        assert_eq!(waiters.listed()[1].pattern, glob("t/low"));
+        waiters.wake_for_slots(vec![(id, slot("t/*", 1)), (id + 7, slot("gone/*", 1))]);
+        assert!(!woken(&first).await, "only the waiter picked is woken");
+        assert!(woken(&picked).await);
+        assert_eq!(looked_at_again(&waiters).await, ["gone/*"]);
+        assert_eq!(picked.disarm().slots, [slot("t/*", 1)]);
+        assert!(first.disarm().slots.is_empty());
+    }
+
+    fn handout(id: JobId, name: &str) -> HandOut {
+        HandOut {
+            job: crate::protocol::Job {
+                id,
+                name: name.into(),
+                state: crate::protocol::JobState::Queued,
+                data: Default::default(),
+                priority: Priority::DEFAULT,
+                created: crate::protocol::Timestamp(0),
+                next_run: crate::protocol::Timestamp(0),
+                last_run: None,
+                repeat: String::new(),
+                retry_after: String::new(),
+                parent_id: 0,
+                scheduled_run: None,
+                lease: None,
+                attempts: 0,
+                lapses: 0,
+            },
+            parent_data: None,
+            finished_children: Vec::new(),
+            cancelled_children: Vec::new(),
+            lease_token: String::new(),
+            lease_expires: None,
+            lease_term_ms: None,
+            attempt: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_is_settled_by_nothing_found_or_by_filling_it_and_else_passed_on() {
+        let waiters = Waiters::default();
+        let freed = |count| Woken {
+            jobs: Vec::new(),
+            slots: vec![slot("t/*", count)],
+        };
+        let mut owed = Owed::new(waiters.clone());
+        owed.add(freed(2));
+        owed.settle_all();
+        drop(owed);
+        assert!(looked_at_again(&waiters).await.is_empty(), "found nothing");
+        let mut owed = Owed::new(waiters.clone());
+        owed.add(freed(2));
+        owed.pass_on_all_but(&[handout(1, "t/a"), handout(2, "t/b")]);
+        assert!(looked_at_again(&waiters).await.is_empty(), "filled");
+        let mut owed = Owed::new(waiters.clone());
+        owed.add(freed(2));
+        owed.pass_on_all_but(&[handout(1, "t/a"), handout(2, "other")]);
+        assert_eq!(looked_at_again(&waiters).await, ["t/*"], "one job short");
+        let ticket = waiters.register(glob("t/*"), None, 1);
+        let id = waiters.listed()[0].id;
+        waiters.wake_for_slots(vec![(id, slot("t/*", 1))]);
+        drop(ticket);
+        assert_eq!(
+            looked_at_again(&waiters).await,
+            ["t/*"],
+            "dropped before acting on it"
+        );
     }
 }

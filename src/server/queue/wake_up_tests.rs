@@ -244,3 +244,54 @@ async fn a_served_retry_after_job_wakes_the_next_sleeper_when_it_comes_due_again
     queue.settle().await;
     store.close();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_serves_a_sleeper_on_a_lower_ranked_name_in_the_commit_that_freed_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("jobs.db")).unwrap());
+    let queue = Queue::start(store.clone(), QueueConfig::default());
+    queue.ready().await;
+    queue.set_throttle("t/*".into(), 1).await.unwrap();
+    queue.create(CreateJob::named("t/held")).await.unwrap();
+    let held = queue.get_jobs(get(1), None).await.unwrap().remove(0);
+    let mut best = CreateJob::named("t/best");
+    best.priority = Some(crate::protocol::Priority::new(1000).unwrap());
+    queue.create(best).await.unwrap();
+    let low = queue.create(CreateJob::named("t/low")).await.unwrap();
+    let mut script = script(&queue);
+    let sleeper = tokio::spawn({
+        let queue = queue.clone();
+        let mut wants = get(1);
+        wants.pattern = NamePattern::Glob("t/low".into());
+        async move { queue.get_jobs(wants, Some(Duration::from_secs(3600))).await }
+    });
+    let asleep_by = tokio::time::Instant::now() + GENEROUS;
+    while queue.waiting() == 0 {
+        assert!(tokio::time::Instant::now() < asleep_by, "it fell asleep");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    while script.claims.try_recv().is_ok() {}
+    queue
+        .finish(crate::protocol::FinishJob {
+            id: held.job.id,
+            data: None,
+            lease: Some(held.lease_token.clone()),
+            run: None,
+        })
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(GENEROUS, sleeper)
+        .await
+        .expect("the sleeper on t/low was served when the slot was freed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.iter().map(|h| h.job.id).collect::<Vec<_>>(), vec![low]);
+    assert!(
+        script.claims.try_recv().is_err(),
+        "served in the finish's commit, with no claim of its own"
+    );
+    drop(script.release);
+    queue.shutdown();
+    queue.settle().await;
+    store.close();
+}

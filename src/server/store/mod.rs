@@ -85,12 +85,15 @@ pub struct ReadyJob {
 /// What another server sharing the store committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Announcement {
-    /// The jobs its commit made ready, and the earliest lease it set.
+    /// The jobs its commit made ready, the earliest lease it set, and the
+    /// throttles whose slots it freed.
     Changes {
         /// Jobs written in QUEUED or RUNQUEUED.
         ready: Vec<ReadyJob>,
         /// The earliest lease expiry written.
         lease_expiry: Option<Timestamp>,
+        /// The GLOBs of throttles whose slots it freed (or that it changed).
+        freed: Vec<String>,
     },
     /// Announcements may have been missed (the listening connection was
     /// lost): every waiter and the timer should look again.
@@ -170,12 +173,14 @@ pub trait StoreTx {
     /// The dependencies between jobs, in the same transaction.
     fn depends(&mut self) -> &mut dyn DependencyTx;
     /// Tells the other servers sharing the store, once this transaction
-    /// commits, which jobs it made ready and the earliest lease it set.
-    /// Nothing to do for a store no other server shares.
+    /// commits, which jobs it made ready, the earliest lease it set and the
+    /// throttles whose slots it freed. Nothing to do for a store no other
+    /// server shares.
     fn announce(
         &mut self,
         _ready: &[ReadyJob],
         _lease_expiry: Option<Timestamp>,
+        _freed: &[String],
     ) -> Result<(), JobError> {
         Ok(())
     }

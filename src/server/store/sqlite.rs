@@ -1020,7 +1020,7 @@ mod tests {
     #[test]
     fn the_writers_glob_matches_read_the_range_of_their_prefix() {
         let (_dir, conn) = writer_on_new_store();
-        use super::super::sqlite_throttles::{held_matching_sql, park_matching_sql};
+        use super::super::sqlite_throttles::{held_back_sql, held_matching_sql, park_matching_sql};
         let (sql, params) = held_matching_sql("Email*", Timestamp(0));
         let plan = plan_of(&conn, &sql, &params);
         assert!(
@@ -1037,6 +1037,18 @@ mod tests {
         let (sql, params) = held_matching_sql("*", Timestamp(0));
         let plan = plan_of(&conn, &sql, &params);
         assert!(plan.contains("jobs_held"), "{plan}");
+        // The jobs a throttle holds back: its parked ones' range, and the
+        // range of its prefix for those not parked.
+        let wanted = NamePattern::Glob("Email*".into());
+        for (parked, index) in [
+            (true, "INDEX jobs_held_back (held_back_by=?"),
+            (false, "INDEX jobs_name (name>? AND name<?)"),
+        ] {
+            let (sql, params) =
+                held_back_sql("Email*", &wanted, None, Timestamp(0), 8, parked).unwrap();
+            let plan = plan_of(&conn, &sql, &params);
+            assert!(plan.contains(index), "{plan}");
+        }
     }
 
     /// Every statement the connection has prepared, with how often SQLite

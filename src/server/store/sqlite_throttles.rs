@@ -5,7 +5,6 @@
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter};
 
-use super::ReadyJob;
 use super::listing::{WILDCARDS, after_prefix};
 use super::sqlite::{COLUMNS, FailingTx, SqliteTx, read_job, store_error};
 use super::throttles::{Throttle, ThrottleTx, held_condition};
@@ -76,6 +75,49 @@ pub(super) fn park_matching_sql(glob: &str) -> (String, Vec<Value>) {
          AND held_back_by IS NULL AND {names}"
     );
     (sql, params)
+}
+
+/// Counts up to `limit` due jobs matching `pattern` (and `priority`) that
+/// `glob` holds back: parked behind it, or (`parked` false) matching it
+/// and not parked at all, read from the prefix's range of the name index
+/// (as [`park_matching_sql`] reads it).
+pub(super) fn held_back_sql(
+    glob: &str,
+    pattern: &NamePattern,
+    priority: Option<Priority>,
+    now: Timestamp,
+    limit: usize,
+    parked: bool,
+) -> Result<(String, Vec<Value>), JobError> {
+    let mut params = vec![
+        Value::Integer(now.0),
+        Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+    ];
+    let (index, held_back) = if parked {
+        params.push(Value::Text(glob.to_string()));
+        ("", format!("held_back_by = ?{}", params.len()))
+    } else {
+        let names = glob_in_range(glob, &mut params);
+        let index = if params.len() > 3 {
+            "INDEXED BY jobs_name"
+        } else {
+            ""
+        };
+        (index, format!("held_back_by IS NULL AND {names}"))
+    };
+    let wanted = name_clause(pattern, &mut params)?;
+    let priority = match priority {
+        Some(p) => {
+            params.push(Value::Integer(p.value()));
+            format!(" AND priority = ?{}", params.len())
+        }
+        None => String::new(),
+    };
+    let sql = format!(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM jobs {index} WHERE {held_back} \
+         AND state IN ('QUEUED', 'RUNQUEUED') AND next_run <= ?1 AND {wanted}{priority} LIMIT ?2)"
+    );
+    Ok((sql, params))
 }
 
 /// The condition that `pattern` makes on `name`, its parameters appended.
@@ -200,35 +242,37 @@ impl ThrottleTx for SqliteTx<'_> {
         rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
     }
 
-    fn release_parked(
+    fn count_held_back(
         &mut self,
         glob: &str,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
         now: Timestamp,
         limit: usize,
-    ) -> Result<Vec<ReadyJob>, JobError> {
-        let first = self.parked_jobs(
-            glob,
-            &NamePattern::Glob("*".into()),
-            None,
-            now,
-            limit,
-            false,
-        )?;
+    ) -> Result<usize, JobError> {
+        let mut found = 0;
+        for parked in [true, false] {
+            let left = limit - found;
+            if left == 0 {
+                break;
+            }
+            let (sql, params) = held_back_sql(glob, pattern, priority, now, left, parked)?;
+            let count: i64 = self
+                .conn
+                .prepare_cached(&sql)
+                .and_then(|mut s| s.query_row(params_from_iter(&params), |row| row.get(0)))
+                .map_err(store_error)?;
+            found += usize::try_from(count).unwrap_or(0);
+        }
+        Ok(found.min(limit))
+    }
+
+    fn release_parked(&mut self, glob: &str) -> Result<(), JobError> {
         self.conn
             .prepare_cached("UPDATE jobs SET held_back_by = NULL WHERE held_back_by = ?1")
             .and_then(|mut s| s.execute([glob]))
             .map_err(store_error)?;
-        Ok(first.into_iter().map(|job| ready_job(&job)).collect())
-    }
-}
-
-/// A job as a wake-up names it.
-pub(super) fn ready_job(job: &Job) -> ReadyJob {
-    ReadyJob {
-        id: job.id,
-        name: job.name.clone(),
-        priority: job.priority,
-        next_run: job.next_run,
+        Ok(())
     }
 }
 
@@ -268,12 +312,17 @@ impl ThrottleTx for FailingTx {
     ) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())
     }
-    fn release_parked(
+    fn count_held_back(
         &mut self,
         _: &str,
+        _: &NamePattern,
+        _: Option<Priority>,
         _: Timestamp,
         _: usize,
-    ) -> Result<Vec<ReadyJob>, JobError> {
+    ) -> Result<usize, JobError> {
+        Err(self.0.clone())
+    }
+    fn release_parked(&mut self, _: &str) -> Result<(), JobError> {
         Err(self.0.clone())
     }
 }

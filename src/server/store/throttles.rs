@@ -8,7 +8,6 @@
 //! throttle's parked jobs (an index range of their own, best first) only
 //! while that throttle has room. Any write of a job unparks it.
 
-use super::ReadyJob;
 use crate::protocol::{Job, JobError, JobId, NamePattern, Priority, Timestamp};
 
 /// One throttle.
@@ -22,7 +21,8 @@ pub struct Throttle {
 
 /// The condition, on a job's columns, that it holds a throttle's slot at
 /// `?now`: RUNNING, or RUNQUEUED (a `retryAfter` job handed out) until it
-/// is due again, which is when its holder's lease lapses.
+/// is due again, which is when its holder's lease lapses. The queue's
+/// `throttles::Holds` says the same of a job it has read.
 pub(super) const HELD: &str =
     "state IN ('RUNNING', 'RUNQUEUED') AND (state = 'RUNNING' OR next_run > {now})";
 
@@ -60,14 +60,21 @@ pub trait ThrottleTx {
         limit: usize,
         lock: bool,
     ) -> Result<Vec<Job>, JobError>;
-    /// Unparks every job parked behind `glob`; returns up to `limit` of
-    /// those due at `now`, best first, to wake waiters for.
-    fn release_parked(
+    /// How many jobs (up to `limit`) `glob` holds back at `now` that match
+    /// `pattern` (and `priority`): due, and parked behind it, or matching
+    /// it and not parked at all (parked behind a throttle just removed, or
+    /// by a claim on another server that has not committed the parking
+    /// yet). Read without locking.
+    fn count_held_back(
         &mut self,
         glob: &str,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
         now: Timestamp,
         limit: usize,
-    ) -> Result<Vec<ReadyJob>, JobError>;
+    ) -> Result<usize, JobError>;
+    /// Unparks every job parked behind `glob`.
+    fn release_parked(&mut self, glob: &str) -> Result<(), JobError>;
 }
 
 /// The `{now}` placeholder of [`HELD`] filled with a parameter mark.

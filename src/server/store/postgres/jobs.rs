@@ -515,11 +515,12 @@ impl StoreTx for PgTx<'_> {
         &mut self,
         ready: &[ReadyJob],
         lease_expiry: Option<Timestamp>,
+        freed: &[String],
     ) -> Result<(), JobError> {
-        if ready.is_empty() && lease_expiry.is_none() {
+        if ready.is_empty() && lease_expiry.is_none() && freed.is_empty() {
             return Ok(());
         }
-        let payload = notify::encode(self.origin, ready, lease_expiry);
+        let payload = notify::encode(self.origin, ready, lease_expiry, freed);
         self.query("SELECT pg_notify($1, $2)", &[&notify::CHANNEL, &payload])?;
         Ok(())
     }

@@ -38,8 +38,9 @@ const LOOK_WHILE_NOT_LISTENING: Duration = Duration::from_secs(2);
 const RETRY_AT_MOST: Duration = Duration::from_secs(5);
 
 /// An announcement as sent: the sending server, the jobs it made ready
-/// (`[id, name, priority, nextRun]`), the earliest lease it set, or, when
-/// that would not fit, `all` with the earliest `nextRun`.
+/// (`[id, name, priority, nextRun]`), the earliest lease it set, the GLOBs
+/// of the throttles whose slots it freed, or, when that would not fit,
+/// `all` with the earliest `nextRun`.
 #[derive(Debug, Serialize, Deserialize)]
 struct Payload {
     o: u64,
@@ -47,12 +48,19 @@ struct Payload {
     r: Vec<(i64, String, i64, i64)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     l: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    f: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     all: Option<i64>,
 }
 
 /// The text of an announcement from server `origin`.
-pub(super) fn encode(origin: u64, ready: &[ReadyJob], lease_expiry: Option<Timestamp>) -> String {
+pub(super) fn encode(
+    origin: u64,
+    ready: &[ReadyJob],
+    lease_expiry: Option<Timestamp>,
+    freed: &[String],
+) -> String {
     let payload = Payload {
         o: origin,
         r: ready
@@ -60,6 +68,7 @@ pub(super) fn encode(origin: u64, ready: &[ReadyJob], lease_expiry: Option<Times
             .map(|j| (j.id, j.name.clone(), j.priority.value(), j.next_run.0))
             .collect(),
         l: lease_expiry.map(|t| t.0),
+        f: freed.to_vec(),
         all: None,
     };
     let text = serde_json::to_string(&payload).unwrap_or_default();
@@ -75,6 +84,7 @@ pub(super) fn encode(origin: u64, ready: &[ReadyJob], lease_expiry: Option<Times
         o: origin,
         r: Vec::new(),
         l: None,
+        f: Vec::new(),
         all: Some(earliest.unwrap_or(0)),
     })
     .unwrap_or_default()
@@ -108,6 +118,7 @@ fn decode(origin: u64, text: &str) -> Option<Announcement> {
     Some(Announcement::Changes {
         ready,
         lease_expiry: payload.l.map(Timestamp),
+        freed: payload.f,
     })
 }
 
@@ -339,17 +350,25 @@ mod tests {
 
     #[test]
     fn an_announcement_reads_back_as_sent_and_its_own_is_ignored() {
-        let text = encode(7, &[job(1, "a"), job(2, "b/c")], Some(Timestamp(99)));
+        let freed = ["api/*".to_string()];
+        let text = encode(
+            7,
+            &[job(1, "a"), job(2, "b/c")],
+            Some(Timestamp(99)),
+            &freed,
+        );
         assert!(decode(7, &text).is_none());
         match decode(8, &text) {
             Some(Announcement::Changes {
                 ready,
                 lease_expiry,
+                freed,
             }) => {
                 assert_eq!(ready.len(), 2);
                 assert_eq!(ready[1].name, "b/c");
                 assert_eq!(ready[1].next_run, Timestamp(1_002));
                 assert_eq!(lease_expiry, Some(Timestamp(99)));
+                assert_eq!(freed, ["api/*"]);
             }
             other => panic!("{other:?}"),
         }
@@ -359,7 +378,7 @@ mod tests {
     fn too_many_jobs_for_one_payload_say_look_at_everything() {
         let long = "n".repeat(250);
         let many: Vec<ReadyJob> = (0..100).map(|i| job(i, &long)).collect();
-        let text = encode(1, &many, None);
+        let text = encode(1, &many, None, &[]);
         assert!(text.len() < 8_000, "{}", text.len());
         assert!(matches!(decode(2, &text), Some(Announcement::Missed)));
     }

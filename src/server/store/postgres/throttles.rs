@@ -11,7 +11,6 @@ use super::glob::{Params, name_condition};
 use super::jobs::{COLUMNS, read_jobs, sql_limit};
 use super::{PgTx, corrupt};
 use crate::protocol::{Job, JobError, JobId, NamePattern, Priority, Timestamp};
-use crate::server::store::ReadyJob;
 use crate::server::store::throttles::{Throttle, ThrottleTx, held_condition};
 
 fn read_throttles(rows: &[postgres::Row]) -> Result<Vec<Throttle>, JobError> {
@@ -132,33 +131,60 @@ impl ThrottleTx for PgTx<'_> {
         read_jobs(self.query(&sql, &params.refs())?)
     }
 
-    fn release_parked(
+    fn count_held_back(
         &mut self,
         glob: &str,
+        pattern: &NamePattern,
+        priority: Option<Priority>,
         now: Timestamp,
         limit: usize,
-    ) -> Result<Vec<ReadyJob>, JobError> {
-        let first = self.parked_jobs(
-            glob,
-            &NamePattern::Glob("*".into()),
-            None,
-            now,
-            limit,
-            false,
-        )?;
+    ) -> Result<usize, JobError> {
+        // Parked behind it, then not parked: claims on other servers run
+        // beside this transaction, and one that held jobs back may not
+        // have committed their parking (or skipped rows it found locked).
+        let mut found = 0;
+        for parked in [true, false] {
+            let left = limit - found;
+            if left == 0 {
+                break;
+            }
+            let mut params = Params::default();
+            let now_mark = params.push(now.0);
+            let limit_mark = params.push(sql_limit(left));
+            let held_back = if parked {
+                format!("held_back_by = {}", params.push(glob.to_string()))
+            } else {
+                let throttled = NamePattern::Glob(glob.to_string());
+                format!(
+                    "held_back_by IS NULL AND {}",
+                    name_condition(&throttled, &mut params)
+                )
+            };
+            let wanted = name_condition(pattern, &mut params);
+            let priority = match priority {
+                Some(p) => format!(" AND priority = {}", params.push(p.value())),
+                None => String::new(),
+            };
+            let sql = format!(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE {held_back} \
+                 AND state IN ('QUEUED', 'RUNQUEUED') AND next_run <= {now_mark} \
+                 AND {wanted}{priority} LIMIT {limit_mark}) AS held_back"
+            );
+            let count: i64 = match self.query_opt(&sql, &params.refs())? {
+                Some(row) => row.try_get(0).map_err(|e| corrupt("count", e))?,
+                None => 0,
+            };
+            found += usize::try_from(count).unwrap_or(0);
+        }
+        Ok(found.min(limit))
+    }
+
+    fn release_parked(&mut self, glob: &str) -> Result<(), JobError> {
         let params: [&(dyn ToSql + Sync); 1] = [&glob];
         self.execute(
             "UPDATE jobs SET held_back_by = NULL WHERE held_back_by = $1",
             &params,
         )?;
-        Ok(first
-            .iter()
-            .map(|job| ReadyJob {
-                id: job.id,
-                name: job.name.clone(),
-                priority: job.priority,
-                next_run: job.next_run,
-            })
-            .collect())
+        Ok(())
     }
 }
