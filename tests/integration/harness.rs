@@ -123,7 +123,9 @@ fn in_the_tests(needle: &[&str]) -> Vec<(String, usize, String)> {
 /// A pid read from a pidfile (or `/proc`, or a report) may belong to
 /// another test's process by the time it is signalled: the tests signal
 /// only children they hold an unreaped handle for (`child.id()`, or a
-/// fixture's `self.pid()`, which reads its handle).
+/// fixture's `self.pid()`, which reads its handle); a pid they read goes
+/// through `signal_if`, which pins the process and checks it is the one
+/// meant before it signals.
 #[test]
 fn no_test_signals_a_pid_it_read_from_a_file() {
     let found = in_the_tests(&["Pid::", "from_raw("]);

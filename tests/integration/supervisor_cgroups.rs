@@ -9,8 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
@@ -78,6 +77,23 @@ fn supervisor_pid(sup: &Supervisor, in_namespace: bool) -> i32 {
     wait_for("the supervisor under unshare", sup, || {
         children(sup.pid() as i32).first().copied()
     })
+}
+
+/// Sends `signal` to the supervisor at `pid`: the process the test started,
+/// or, in a PID namespace, `unshare`'s child (pinned and checked to be it:
+/// the test read its pid).
+fn signal_supervisor(instance: &Instance, pid: i32, signal: Signal) {
+    if !instance.in_namespace {
+        instance.sup.signal(signal);
+        return;
+    }
+    let unshare = instance.sup.pid() as i32;
+    let sent = signal_if(pid, signal, |pid| children(unshare).contains(&pid));
+    assert!(
+        sent || signal == Signal::SIGKILL,
+        "supervisor {} (pid {pid} under unshare) was not there to stop",
+        instance.number
+    );
 }
 
 /// The children of `pid`, from every thread's `children`.
@@ -289,10 +305,10 @@ fn supervisors_started_and_killed_at_random_across_pid_namespaces_never_kill_eac
                 let pid = supervisor_pid(&instance.sup, instance.in_namespace);
                 if action == "kill_with_spawner" {
                     for child in children(pid) {
-                        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+                        signal_if(child, Signal::SIGKILL, |c| children(pid).contains(&c));
                     }
                 }
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                signal_supervisor(&instance, pid, Signal::SIGKILL);
                 instance.sup.kill9();
                 killed.insert(instance.number);
                 dead_dirs.extend(instance.dirs.iter().map(|d| (instance.number, d.clone())));
@@ -300,14 +316,14 @@ fn supervisors_started_and_killed_at_random_across_pid_namespaces_never_kill_eac
             _ => {
                 let mut instance = live.swap_remove(rng.random_range(0..live.len()));
                 let pid = supervisor_pid(&instance.sup, instance.in_namespace);
-                kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+                signal_supervisor(&instance, pid, Signal::SIGTERM);
                 instance.sup.wait_exit();
             }
         }
     }
     for mut instance in live.drain(..) {
         let pid = supervisor_pid(&instance.sup, instance.in_namespace);
-        kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+        signal_supervisor(&instance, pid, Signal::SIGTERM);
         instance.sup.wait_exit();
     }
 

@@ -133,8 +133,9 @@ fn remove(dir: &Path, deadline: Instant) {
     let _ = std::fs::write(dir.join("cgroup.kill"), "1");
     loop {
         for pid in pids_below(dir) {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            super::signal_if(pid, nix::sys::signal::SIGKILL, |pid| {
+                pids_below(dir).contains(&pid)
+            });
         }
         match std::fs::remove_dir(dir) {
             Ok(()) => return,

@@ -214,3 +214,37 @@ pub fn spool_is_locked(spool: &std::path::Path) -> bool {
         Err((_, e)) => panic!("cannot test the lock on {}: {e}", spool.display()),
     }
 }
+
+/// Sends `signal` to process `pid`, a pid the test read (from `/proc`, a
+/// cgroup's `cgroup.procs`) rather than holds, only if `is_it(pid)` says it
+/// is the process the test means; returns whether it was sent. The process
+/// is pinned by a pidfd first, and `is_it` (which reads `/proc` or the
+/// cgroup again) counts only if the pinned process is still alive after
+/// it: then the pid was the pinned process's throughout the read. A pidfd
+/// signals no other process than the one it opened, however the pid was
+/// reused.
+pub fn signal_if(pid: i32, signal: nix::sys::signal::Signal, is_it: impl Fn(i32) -> bool) -> bool {
+    use nix::libc;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a descriptor the call above just opened, owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let send = |signal: i32| {
+        // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
+        let sent = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        sent == 0
+    };
+    is_it(pid) && send(0) && send(signal as i32)
+}
