@@ -102,6 +102,13 @@ pub enum JobError {
         held_jobs(.0)
     )]
     RequeueHeld(Vec<JobId>),
+    /// UpdateJob moving a held `retryAfter` job's nextRun (or the repeat
+    /// that sets it) earlier than when its holder's hand-out ends: the job
+    /// would be handed out again while it runs.
+    #[error(
+        "Cannot move job {0}'s nextRun earlier: a worker holds it (a retryAfter hand-out) until then, so it would run twice at once; nothing was updated: set a later nextRun, or wait for its report"
+    )]
+    NextRunHeld(JobId),
     /// DeleteJob on a running job.
     #[error("Can't delete a RUNNING job")]
     DeleteRunning,
@@ -224,6 +231,7 @@ impl JobError {
             | NotHeldForHandBack
             | HandOutNotKept(_)
             | RequeueHeld(_)
+            | NextRunHeld(_)
             | DeleteRunning
             | DeletePaused
             | OutstandingChildren
@@ -268,6 +276,7 @@ impl JobError {
                     NotHeldForHandBack => "not_held_for_hand_back",
                     HandOutNotKept(_) => "hand_out_not_kept",
                     RequeueHeld(_) => "requeue_held",
+                    NextRunHeld(_) => "next_run_held",
                     DeleteRunning => "delete_running",
                     DeletePaused => "delete_paused",
                     OutstandingChildren => "outstanding_children",

@@ -4,7 +4,8 @@
 //! a `retryAfter` job, a job a supervisor holds ahead) is refused, with the
 //! held ids named, on both fronts, and a request naming several jobs is
 //! refused whole when any of them is held. The dashboard offers no Retry on
-//! such a job, and refuses the form if it is sent anyway. A randomized run
+//! such a job, and refuses the form if it is sent anyway; nor does
+//! UpdateJob make a held `retryAfter` job due earlier. A randomized run
 //! throws requeues and retries at jobs real supervisors run (some held
 //! ahead) and counts runs of one job that overlapped: none may.
 
@@ -502,4 +503,68 @@ echo "end $JOBMGR_JOB_ID $(date +%s%N) $$" >> '{log}'"#,
         "{accepted} taken, {refused} refused"
     );
     assert_eq!(runs.len(), JOBS, "every job ran: {runs:?}");
+}
+
+/// A RUNQUEUED job is handed out again once it is due: UpdateJob moving a
+/// held one's nextRun earlier (itself, or through a repeat that sets it)
+/// would run it twice at once, and is refused whole on both fronts; a
+/// later nextRun, or any once the holder reported, is taken.
+#[test]
+fn update_job_cannot_make_a_held_retry_after_job_due_while_it_runs() {
+    let server = Server::start();
+    let api = server.api();
+    let mut conn = Conn::open(&server.bedrock);
+    let id = api.create(json!({"name": "Retryable", "data": {"v": 1}, "retryAfter": "+1 HOUR"}));
+    let taken = api.take("Retryable");
+    let held = api.job(id);
+    assert_eq!(held["state"], "RUNQUEUED", "{held}");
+
+    let path = format!("/jobs/{id}");
+    let earlier = "2020-01-01 00:00:00";
+    let answer = api.patch(&path, json!({"data": {"v": 2}, "nextRun": earlier}));
+    assert_error(answer.clone(), 409, "next_run_held");
+    let message = answer.1["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&id.to_string()) && message.contains("later nextRun"),
+        "{message}"
+    );
+    let answer = api.patch(
+        &path,
+        json!({"data": {"v": 2}, "repeat": "FINISHED, +1 SECOND"}),
+    );
+    assert_error(answer, 409, "next_run_held");
+    let status = conn
+        .call(&req(
+            "UpdateJob",
+            &[
+                ("jobID", &id.to_string()),
+                ("data", r#"{"v":2}"#),
+                ("nextRun", earlier),
+            ],
+        ))
+        .status;
+    assert!(status.starts_with("405 Cannot move job"), "{status}");
+    // Nothing changed, and nothing is handed out again.
+    let after = api.job(id);
+    for field in ["state", "data", "nextRun", "repeat"] {
+        assert_eq!(
+            after[field], held[field],
+            "{field}: held {held}, after {after}"
+        );
+    }
+    let status = conn.call(&req("GetJob", &[("name", "Retryable")])).status;
+    assert_eq!(status, "404 No job found");
+
+    // Later is taken while it is held; earlier once its holder reported.
+    let later = "2099-01-01 00:00:00";
+    let (status, answer) = api.patch(&path, json!({"data": {"v": 3}, "nextRun": later}));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(api.job(id)["nextRun"], later);
+    let (status, answer) = api.post(
+        &format!("/jobs/{id}/retry"),
+        json!({"lease": taken["lease"], "delay": 3600}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = api.patch(&path, json!({"data": {"v": 4}, "nextRun": earlier}));
+    assert_eq!(status, 200, "{answer}");
 }

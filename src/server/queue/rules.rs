@@ -674,10 +674,12 @@ pub fn fail(tx: &mut Tracked, cmd: &FailJob) -> Result<(), JobError> {
 }
 
 /// UpdateJob: new data, and optionally a new repeat, priority or next run.
+/// Refused whole when it would make a held RUNQUEUED job due earlier.
 pub fn update(tx: &mut Tracked, cmd: &UpdateJob) -> Result<(), JobError> {
     let now = tx.now;
     let mut job = tx.existing(cmd.id)?;
     check_lease(&job, cmd.lease.as_deref())?;
+    let held_until = job.next_run;
     // Progress from a holder replaces the data, but the hand-out count and
     // the schedule's anchor of a held retryAfter job are the server's
     // bookkeeping, not the holder's.
@@ -700,6 +702,11 @@ pub fn update(tx: &mut Tracked, cmd: &UpdateJob) -> Result<(), JobError> {
         && let Some(next) = calendar::next_run(repeat, job.next_run, job.last_run, now)
     {
         job.next_run = next;
+    }
+    // A RUNQUEUED job is handed out again once due: while its holder has
+    // it, its nextRun may only move later.
+    if job.state == JobState::Runqueued && job.is_held_at(now) && job.next_run < held_until {
+        return Err(JobError::NextRunHeld(job.id));
     }
     if cmd.clear_repeat {
         job.repeat.clear();

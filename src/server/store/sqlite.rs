@@ -251,8 +251,9 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 /// runs each in a savepoint of one transaction, commits once, then answers
 /// them all. Answers wait for the commit, so an acknowledged write is durable.
 fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>, health: &WriteHealth) {
-    use super::write_health::{Next, next};
-    while let Some(step) = next(&receiver, health) {
+    use super::write_health::{Next, Probes};
+    let mut probes = Probes::default();
+    while let Some(step) = probes.next(&receiver, health) {
         let first = match step {
             Next::Run(op) => op,
             Next::Probe => {

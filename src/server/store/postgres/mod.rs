@@ -333,8 +333,9 @@ impl Writer {
     /// Runs each queued operation in a transaction of its own, and answers
     /// it once the transaction has ended.
     fn run(mut self, receiver: mpsc::Receiver<WriteOp>) {
-        use super::write_health::{Next, next};
-        while let Some(step) = next(&receiver, &self.health) {
+        use super::write_health::{Next, Probes};
+        let mut probes = Probes::default();
+        while let Some(step) = probes.next(&receiver, &self.health) {
             match step {
                 Next::Run(op) => self.run_one(op),
                 Next::Probe => self.probe(),
