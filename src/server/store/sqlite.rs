@@ -486,6 +486,9 @@ impl StoreTx for FailingTx {
     fn depends(&mut self) -> &mut dyn super::DependencyTx {
         self
     }
+    fn sessions(&mut self) -> &mut dyn super::SessionTx {
+        self
+    }
 }
 
 impl super::DependencyTx for FailingTx {
@@ -958,6 +961,9 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn depends(&mut self) -> &mut dyn super::DependencyTx {
+        self
+    }
+    fn sessions(&mut self) -> &mut dyn super::SessionTx {
         self
     }
 }
