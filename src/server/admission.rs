@@ -19,6 +19,13 @@
 //! Loopback addresses are separate buckets like any other: with eviction,
 //! merging them would buy nothing against a local flood and would make the
 //! supervisor, the CLI and local clients share one cap.
+//!
+//! An evicted connection is *closing*: it leaves its bucket and the
+//! unproven pool at once, but keeps counting against the port's cap until
+//! it is gone, so that a port that answers an evicted connection's request
+//! (with a refusal, rather than closing it without a word) still holds no
+//! more than its cap. A newcomer that needs a place in a full port closes
+//! the oldest closing connection at once ([`Ticket::must_close`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr};
@@ -61,8 +68,20 @@ struct State {
     total: usize,
     per_bucket: HashMap<IpAddr, usize>,
     /// Unproven connections by age (admission order), oldest first.
-    unproven: BTreeMap<u64, (IpAddr, CancellationToken)>,
+    unproven: BTreeMap<u64, (IpAddr, Marks)>,
+    /// Evicted connections still open, by age, oldest first: counted in
+    /// `total`, no longer in their bucket.
+    closing: BTreeMap<u64, Marks>,
     next_id: u64,
+}
+
+/// How admission tells a connection it lost its place.
+#[derive(Debug, Clone, Default)]
+struct Marks {
+    /// It was evicted: it may not prove itself any more.
+    evicted: CancellationToken,
+    /// Its place in the port was taken too: it must close at once.
+    closed: CancellationToken,
 }
 
 impl State {
@@ -76,10 +95,31 @@ impl State {
         }
     }
 
+    /// Evicts an unproven connection: it leaves its bucket and the pool,
+    /// and is closing (it still counts in `total`).
     fn evict(&mut self, id: u64) {
-        if let Some((bucket, evicted)) = self.unproven.remove(&id) {
-            evicted.cancel();
-            self.forget(bucket);
+        if let Some((bucket, marks)) = self.unproven.remove(&id) {
+            marks.evicted.cancel();
+            if let Some(count) = self.per_bucket.get_mut(&bucket) {
+                *count -= 1;
+                if *count == 0 {
+                    self.per_bucket.remove(&bucket);
+                }
+            }
+            self.closing.insert(id, marks);
+        }
+    }
+
+    /// Closes the oldest closing connection at once, freeing its place in
+    /// the port; false if there is none.
+    fn close_oldest(&mut self) -> bool {
+        match self.closing.pop_first() {
+            Some((_, marks)) => {
+                marks.closed.cancel();
+                self.total -= 1;
+                true
+            }
+            None => false,
         }
     }
 }
@@ -91,7 +131,7 @@ pub struct Ticket {
     id: u64,
     bucket: IpAddr,
     admitted: Instant,
-    evicted: CancellationToken,
+    marks: Marks,
     proven: CancellationToken,
 }
 
@@ -132,8 +172,9 @@ impl Admission {
 
     /// Admits a connection from `ip` as unproven, evicting the oldest
     /// unproven connection of its bucket (if the bucket is at its cap) or
-    /// of the port (if the unproven pool or the port is full). Refused only
-    /// when the place it needs is held by proven connections.
+    /// of the port (if the unproven pool is full), and closing the oldest
+    /// closing connection if the port is full. Refused only when the place
+    /// it needs is held by proven connections.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Ticket, Refusal> {
         let bucket = bucket(ip);
         let mut state = self.lock();
@@ -149,9 +190,17 @@ impl Admission {
                 None => return Err(Refusal::PeerFull),
             }
         }
-        if state.unproven.len() >= self.max_unproven || state.total >= self.max_connections {
+        if state.unproven.len() >= self.max_unproven {
+            if let Some(id) = state.unproven.keys().next().copied() {
+                state.evict(id);
+            }
+        }
+        if state.total >= self.max_connections && !state.close_oldest() {
             match state.unproven.keys().next().copied() {
-                Some(id) => state.evict(id),
+                Some(id) => {
+                    state.evict(id);
+                    state.close_oldest();
+                }
                 None => return Err(Refusal::Full),
             }
         }
@@ -159,14 +208,14 @@ impl Admission {
         state.next_id += 1;
         state.total += 1;
         *state.per_bucket.entry(bucket).or_insert(0) += 1;
-        let evicted = CancellationToken::new();
-        state.unproven.insert(id, (bucket, evicted.clone()));
+        let marks = Marks::default();
+        state.unproven.insert(id, (bucket, marks.clone()));
         Ok(Ticket {
             admission: Arc::clone(self),
             id,
             bucket,
             admitted: Instant::now(),
-            evicted,
+            marks,
             proven: CancellationToken::new(),
         })
     }
@@ -184,7 +233,7 @@ impl Ticket {
     /// it was evicted already; it must then close.
     pub fn prove(&self) -> bool {
         let mut state = self.admission.lock();
-        if self.evicted.is_cancelled() {
+        if self.marks.evicted.is_cancelled() {
             return false;
         }
         state.unproven.remove(&self.id);
@@ -197,13 +246,38 @@ impl Ticket {
         self.proven.is_cancelled()
     }
 
+    /// Whether the connection was evicted: it cannot prove itself, and
+    /// should answer what it is asked with a refusal, then close.
+    pub fn is_evicted(&self) -> bool {
+        self.marks.evicted.is_cancelled()
+    }
+
     /// Resolves when the connection must close, unproven: evicted, or
     /// `deadline` after its accept. Never resolves once it is proven.
     pub async fn lapsed(&self, deadline: Duration) -> Lapse {
         tokio::select! {
             biased;
             _ = self.proven.cancelled() => std::future::pending().await,
-            _ = self.evicted.cancelled() => Lapse::Evicted,
+            _ = self.marks.evicted.cancelled() => Lapse::Evicted,
+            _ = tokio::time::sleep_until(self.admitted + deadline) => {
+                if self.is_proven() {
+                    std::future::pending().await
+                } else {
+                    Lapse::Late
+                }
+            }
+        }
+    }
+
+    /// As [`Ticket::lapsed`], for a connection that stays open once evicted
+    /// to answer its request with a refusal ([`Ticket::is_evicted`]):
+    /// resolves when its place in the port is taken too (`Evicted`), or
+    /// `deadline` after its accept if it is unproven (`Late`).
+    pub async fn must_close(&self, deadline: Duration) -> Lapse {
+        tokio::select! {
+            biased;
+            _ = self.proven.cancelled() => std::future::pending().await,
+            _ = self.marks.closed.cancelled() => Lapse::Evicted,
             _ = tokio::time::sleep_until(self.admitted + deadline) => {
                 if self.is_proven() {
                     std::future::pending().await
@@ -218,8 +292,14 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut state = self.admission.lock();
-        // An evicted connection's place was freed when it was evicted.
-        if self.evicted.is_cancelled() {
+        // A closed connection's place was freed when it was closed; an
+        // evicted one left its bucket when it was evicted.
+        if self.marks.closed.is_cancelled() {
+            return;
+        }
+        if self.marks.evicted.is_cancelled() {
+            state.closing.remove(&self.id);
+            state.total -= 1;
             return;
         }
         state.unproven.remove(&self.id);
@@ -256,14 +336,14 @@ mod tests {
         let third = admission.admit(ip("127.0.0.4")).unwrap();
         assert_eq!(first.lapsed(Duration::from_secs(60)).await, Lapse::Evicted);
         assert!(!first.prove(), "an evicted connection cannot prove itself");
-        assert!(!second.evicted.is_cancelled());
-        assert_eq!(admission.held(), (2, 2));
-        drop(first);
+        assert!(!second.marks.evicted.is_cancelled());
         assert_eq!(
             admission.held(),
-            (2, 2),
-            "an evicted place is not freed twice"
+            (3, 2),
+            "an evicted connection counts against the port until it is gone"
         );
+        drop(first);
+        assert_eq!(admission.held(), (2, 2));
         assert!(third.prove());
         drop(second);
         assert_eq!(admission.held(), (1, 0));
@@ -280,7 +360,7 @@ mod tests {
             })
             .collect();
         assert_eq!(admission.admit(ip("127.0.0.9")).unwrap_err(), Refusal::Full);
-        assert!(proven.iter().all(|t| !t.evicted.is_cancelled()));
+        assert!(proven.iter().all(|t| !t.marks.evicted.is_cancelled()));
         drop(proven);
         assert_eq!(admission.held(), (0, 0));
     }
@@ -292,14 +372,65 @@ mod tests {
         let a = admission.admit(ip("10.0.0.1")).unwrap();
         let b = admission.admit(ip("10.0.0.1")).unwrap();
         let c = admission.admit(ip("::ffff:10.0.0.1")).unwrap();
-        assert!(a.evicted.is_cancelled(), "its own oldest");
-        assert!(!other.evicted.is_cancelled(), "another peer's is kept");
+        assert!(a.marks.evicted.is_cancelled(), "its own oldest");
+        assert!(
+            !other.marks.evicted.is_cancelled(),
+            "another peer's is kept"
+        );
         assert!(b.prove() && c.prove());
         assert_eq!(
             admission.admit(ip("10.0.0.1")).unwrap_err(),
             Refusal::PeerFull
         );
         assert!(admission.admit(ip("10.0.0.2")).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_connection_stays_to_answer_until_the_port_needs_its_place() {
+        let admission = Admission::new(4, 1);
+        let first = admission.admit(ip("10.0.0.1")).unwrap();
+        let second = admission.admit(ip("10.0.0.1")).unwrap();
+        assert!(first.is_evicted() && !second.is_evicted());
+        assert!(!first.prove(), "an evicted connection cannot prove itself");
+        let waited = tokio::time::timeout(
+            Duration::from_secs(5),
+            first.must_close(Duration::from_secs(60)),
+        )
+        .await;
+        assert!(waited.is_err(), "it stays open while the port has room");
+        assert_eq!(admission.held(), (2, 1));
+        // Three proven connections fill the port with the closing one: the
+        // next newcomer closes it, then is refused.
+        let proven: Vec<Ticket> = (2..5)
+            .map(|n| {
+                let t = admission.admit(ip(&format!("10.0.0.{n}"))).unwrap();
+                assert!(t.prove());
+                t
+            })
+            .collect();
+        assert_eq!(
+            first.must_close(Duration::from_secs(60)).await,
+            Lapse::Evicted
+        );
+        assert_eq!(admission.held(), (4, 0));
+        drop(first);
+        assert_eq!(
+            admission.held(),
+            (4, 0),
+            "a closed place is not freed twice"
+        );
+        // The second was evicted from the unproven pool for the first
+        // proven newcomer; the next newcomer closes it in turn.
+        assert!(second.is_evicted());
+        let last = admission.admit(ip("10.0.0.9")).unwrap();
+        assert_eq!(
+            second.must_close(Duration::from_secs(60)).await,
+            Lapse::Evicted
+        );
+        assert!(last.prove());
+        assert_eq!(admission.admit(ip("10.0.0.10")).unwrap_err(), Refusal::Full);
+        drop((proven, second, last));
+        assert_eq!(admission.held(), (0, 0));
     }
 
     #[tokio::test(start_paused = true)]

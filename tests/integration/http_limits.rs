@@ -140,11 +140,10 @@ fn a_flood_of_connections_is_capped_while_a_normal_client_is_answered() {
     let baseline_fds = open_fds(server.pid());
     let (streams, held) = flood(HERE, &server.addr(), 1000);
     // Silent connections have not sent the token: they share a quarter of
-    // the port, the oldest closed for each newcomer.
-    assert_eq!(
-        held, 50,
-        "the server holds exactly its unauthenticated pool"
-    );
+    // the port, the oldest evicted for each newcomer. Evicted ones are kept
+    // to answer a request 503 until the port needs their place: the flood
+    // never holds more than the port's cap.
+    assert_eq!(held, 200, "the server holds exactly its cap");
     let fds = open_fds(server.pid());
     assert!(
         fds <= baseline_fds + 200 + 8,
@@ -183,6 +182,82 @@ fn a_port_full_of_authenticated_connections_refuses_a_newcomer_with_503() {
     drop(proven);
 }
 
+/// The head of the answer on `stream` (up to its blank line), or `None`
+/// if the server closed or reset the connection before a whole head.
+fn answer_head(stream: &mut TcpStream) -> Option<String> {
+    stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return None,
+            Err(e) => panic!("reading an answer: {e}"),
+        }
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// 200 clients with the token from one address, more than its cap of 128,
+/// all connected before any sends (the newest evict the oldest, which
+/// have not been read yet): each gets a status line, its answer or `503`
+/// with `Retry-After`, and no connection is closed without one.
+#[test]
+fn a_burst_of_clients_over_the_per_address_cap_is_answered_503_never_closed_silently() {
+    const CLIENTS: usize = 200;
+    raise_own_fd_limit();
+    // Time enough to connect them all before any request is read.
+    let server = Server::builder()
+        .arg("--http-header-timeout")
+        .arg("5m")
+        .start();
+    let connected = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
+    let answered = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (connected, answered) = (connected.clone(), answered.clone());
+            let addr = server.addr();
+            std::thread::spawn(move || {
+                let mut stream = connect_from(HERE, &addr);
+                connected.wait();
+                let head = authed(&format!("GET /jobs/1 HTTP/1.1\r\nHost: {addr}\r\n\r\n"));
+                let sent = stream.write_all(head.as_bytes());
+                let answer = sent.ok().and_then(|()| answer_head(&mut stream));
+                // Served connections stay open until every client has its
+                // answer, so that the burst is over the cap throughout.
+                answered.wait();
+                answer
+            })
+        })
+        .collect();
+    let answers: Vec<Option<String>> = clients
+        .into_iter()
+        .map(|c| c.join().expect("client thread"))
+        .collect();
+    let silent = answers.iter().filter(|a| a.is_none()).count();
+    assert_eq!(
+        silent, 0,
+        "{silent} of {CLIENTS} clients were closed without a status line"
+    );
+    let answers: Vec<String> = answers.into_iter().flatten().collect();
+    let served = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 404"))
+        .count();
+    for answer in answers.iter().filter(|a| !a.starts_with("HTTP/1.1 404")) {
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(
+            answer.to_ascii_lowercase().contains("retry-after: "),
+            "{answer}"
+        );
+    }
+    assert!(
+        served <= 128 && served > 0,
+        "{served} served at once from one address, against a cap of 128"
+    );
+}
+
 #[test]
 fn one_address_flooding_leaves_room_for_another() {
     raise_own_fd_limit();
@@ -199,7 +274,12 @@ fn one_address_flooding_leaves_room_for_another() {
         .set_nonblocking(true)
         .expect("nonblocking");
     let (streams, held) = flood(HERE, &server.addr(), 1000);
-    assert_eq!(held, 60, "one address gets at most its per-peer cap");
+    // Its per-peer cap, and beside it the connections it evicted, kept
+    // (outside its cap) to answer 503 until the port needs their place.
+    assert_eq!(
+        held, 399,
+        "one address fills the port but for the neighbour"
+    );
     assert!(
         !refused(&neighbours_silent),
         "one address's flood closes only its own connections"

@@ -72,5 +72,6 @@ mod throttles;
 mod tls;
 mod ui;
 mod ui_last_hour;
+mod ui_login;
 mod ui_output;
 mod wake_ups;

@@ -44,7 +44,7 @@ pub(crate) fn cookie_of(response: &Response) -> String {
 }
 
 /// The CSRF token in a page's forms.
-fn csrf_in(page: &str) -> String {
+pub(crate) fn csrf_in(page: &str) -> String {
     let start = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
     page[start..start + 64].to_string()
 }
@@ -58,7 +58,12 @@ pub(crate) fn get(base: &str, path: &str, cookie: Option<&str>) -> (u16, String)
     (response.status().as_u16(), response.text().expect("body"))
 }
 
-fn post_form(base: &str, path: &str, cookie: Option<&str>, form: &[(&str, &str)]) -> Response {
+pub(crate) fn post_form(
+    base: &str,
+    path: &str,
+    cookie: Option<&str>,
+    form: &[(&str, &str)],
+) -> Response {
     let mut request = client().post(format!("{base}{path}")).form(form);
     if let Some(cookie) = cookie {
         request = request.header(reqwest::header::COOKIE, cookie);
@@ -86,11 +91,20 @@ fn the_dashboard_needs_a_login_and_csrf_and_a_get_changes_nothing() {
         .expect("GET");
     assert_eq!(bearer.status().as_u16(), 401);
 
-    // A wrong token is refused; the right one gives a strict cookie.
+    // A wrong token is refused (and pauses logins from this address, see
+    // ui_login.rs); once the pause is over, the right one gives a strict
+    // cookie.
     let wrong = log_in(base, "not-the-token");
     assert_eq!(wrong.status().as_u16(), 401);
     assert!(wrong.headers().get(reqwest::header::SET_COOKIE).is_none());
-    let answer = log_in(base, token());
+    let answer = poll("a login once the pause is over", || {
+        let answer = log_in(base, token());
+        if answer.status().as_u16() == 429 {
+            std::thread::sleep(Duration::from_millis(100));
+            return None;
+        }
+        Some(answer)
+    });
     assert_eq!(answer.status().as_u16(), 303);
     let set = answer.headers()[reqwest::header::SET_COOKIE]
         .to_str()

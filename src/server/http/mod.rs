@@ -125,28 +125,16 @@ async fn method_not_allowed() -> ApiError {
 async fn require_token(State(token): State<ApiToken>, request: Request, next: Next) -> Response {
     let proof = request.extensions().get::<listen::Proof>().cloned();
     if !bearer_matches(request.headers(), &token) {
-        let mut response = unauthorized().into_response();
-        if proof.is_some() {
-            response.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-        }
-        return response;
+        let response = unauthorized().into_response();
+        return if proof.is_some() {
+            listen::closing(response)
+        } else {
+            response
+        };
     }
     if proof.is_some_and(|proof| !proof.prove()) {
-        let mut response = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "connection_evicted",
-            "this connection was closed for a newer one before its request was read; \
-             retry at once on a new connection",
-        )
-        .into_response();
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-        return response;
+        // Evicted for a newcomer while its request was read.
+        return listen::evicted();
     }
     next.run(request).await
 }

@@ -13,6 +13,7 @@ pub mod reports;
 mod rules;
 mod scheduler;
 mod serving;
+mod sessions;
 mod steps;
 mod sweeper;
 pub mod throttles;

@@ -15,10 +15,12 @@ mod ledger;
 mod listing;
 mod postgres;
 mod schema;
+mod sessions;
 mod sqlite;
 mod sqlite_dependencies;
 mod sqlite_labels;
 mod sqlite_ledger;
+mod sqlite_sessions;
 mod sqlite_throttles;
 mod throttles;
 mod write_health;
@@ -27,6 +29,7 @@ pub use archive_listing::ArchiveQuery;
 pub use dependencies::DependencyTx;
 pub use labels::LabelTx;
 pub use ledger::{LedgerTx, PurgeLimits};
+pub use sessions::SessionTx;
 pub use throttles::{Throttle, ThrottleTx};
 
 pub use postgres::{DatabaseClock, PgOpenError, PgStore, redacted as postgres_url_redacted};
@@ -172,6 +175,8 @@ pub trait StoreTx {
     fn throttles(&mut self) -> &mut dyn ThrottleTx;
     /// The dependencies between jobs, in the same transaction.
     fn depends(&mut self) -> &mut dyn DependencyTx;
+    /// Dashboard sessions ended by a logout, in the same transaction.
+    fn sessions(&mut self) -> &mut dyn SessionTx;
     /// Tells the other servers sharing the store, once this transaction
     /// commits, which jobs it made ready, the earliest lease it set and the
     /// throttles whose slots it freed. Nothing to do for a store no other

@@ -215,6 +215,13 @@ const MIGRATIONS: &[&str] = &[
     // 12: how many hand-backs for want of the job's worker an attempt row
     // stands for (one row per streak of them).
     "ALTER TABLE attempts ADD COLUMN hand_backs INTEGER NOT NULL DEFAULT 0;",
+    // 13: dashboard sessions ended by a logout, kept until their cookie
+    // would have expired (see store::sessions).
+    "CREATE TABLE ended_sessions (
+        session TEXT    NOT NULL PRIMARY KEY,
+        expires INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX ended_sessions_expires ON ended_sessions (expires);",
 ];
 
 /// The schema version this build writes.

@@ -487,6 +487,9 @@ impl StoreTx for FailingTx {
     fn depends(&mut self) -> &mut dyn super::DependencyTx {
         self
     }
+    fn sessions(&mut self) -> &mut dyn super::SessionTx {
+        self
+    }
 }
 
 impl super::DependencyTx for FailingTx {
@@ -959,6 +962,9 @@ impl StoreTx for SqliteTx<'_> {
     }
 
     fn depends(&mut self) -> &mut dyn super::DependencyTx {
+        self
+    }
+    fn sessions(&mut self) -> &mut dyn super::SessionTx {
         self
     }
 }

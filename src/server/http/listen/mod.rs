@@ -5,6 +5,13 @@
 //! request's head and body, an idle timeout, per-request body limits and one
 //! byte budget for request bodies and listing pages across the server.
 //!
+//! A connection is never closed without a word while it has a request to
+//! answer: one over the caps is answered `503` before it is closed, and one
+//! evicted for a newcomer (see [`crate::server::admission`]) stays open to
+//! answer its request `503` (both with `Retry-After`), each closed with a
+//! lingering close so that a request already sent does not reset the
+//! answer away.
+//!
 //! Shutdown: the loop stops accepting when told to, every connection is
 //! asked to finish its in-flight requests and close, and [`serve`] returns
 //! once they have (held long-polls are answered by the queue's shutdown).
@@ -152,6 +159,15 @@ pub struct Hangup(pub CancellationToken);
 /// chunks in flight), in bytes.
 pub const EVENT_STREAM_RESERVE: usize = 128 * 1024;
 
+/// Refused connections whose answer is being read by their client: each
+/// is closed once its client has read the answer and closed its side, or
+/// after [`LINGER`]. Beyond this many at once, the request already sent is
+/// read and the connection closed at once.
+const MAX_LINGERING: usize = 256;
+
+/// How long a refused connection is kept for its client to read the answer.
+const LINGER: Duration = Duration::from_secs(2);
+
 /// What every request of the port shares.
 struct Shared {
     router: Router,
@@ -177,6 +193,7 @@ pub async fn serve(
     });
     let open = TaskTracker::new();
     let mut refusals = Refusals::default();
+    let lingering = Arc::new(tokio::sync::Semaphore::new(MAX_LINGERING));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -199,7 +216,7 @@ pub async fn serve(
                     Refusal::Full => "too many connections",
                 };
                 refusals.note(peer, why);
-                refuse(&stream, why);
+                refuse(stream, why, &lingering);
                 continue;
             }
         };
@@ -229,10 +246,11 @@ pub async fn serve(
             };
             // Until a request passes the token check, the connection may be
             // evicted for a newcomer and must prove itself within the
-            // header timeout of its accept.
+            // header timeout of its accept. Evicted, it stays to answer its
+            // request 503 until then, or until the port needs its place.
             tokio::select! {
                 () = serve => {}
-                lapse = ticket.lapsed(header) => match lapse {
+                lapse = ticket.must_close(header) => match lapse {
                     Lapse::Evicted => tracing::debug!(%peer,
                         "HTTP port: unauthenticated connection closed for a newcomer"),
                     Lapse::Late => tracing::debug!(%peer,
@@ -276,8 +294,9 @@ impl Refusals {
 }
 
 /// Answers a connection over the caps with 503, without waiting for the
-/// peer, and closes it.
-fn refuse(stream: &TcpStream, why: &str) {
+/// peer, and closes it: a lingering close (see [`linger`]) when fewer than
+/// [`MAX_LINGERING`] are, else at once after reading what it sent already.
+fn refuse(stream: TcpStream, why: &str, lingering: &Arc<tokio::sync::Semaphore>) {
     let body = serde_json::json!({
         "code": "too_many_connections",
         "message": format!("{why}; retry later, or open fewer connections"),
@@ -289,6 +308,41 @@ fn refuse(stream: &TcpStream, why: &str) {
         body.len()
     );
     let _ = stream.try_write(answer.as_bytes());
+    match Arc::clone(lingering).try_acquire_owned() {
+        Ok(permit) => {
+            tokio::spawn(async move {
+                linger(stream).await;
+                drop(permit);
+            });
+        }
+        Err(_) => {
+            // A request already received would make the close a reset,
+            // which can drop the answer before its client reads it.
+            let mut sink = [0u8; 16 * 1024];
+            while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
+        }
+    }
+}
+
+/// Closes a connection that was sent its last answer so that its client
+/// reads that answer: ends the sending side, then reads and drops what the
+/// client sends until it closes (at most 64 KiB and [`LINGER`]). Closing
+/// with unread bytes would reset the connection, and a reset can discard
+/// the answer on the client's side before it is read.
+async fn linger(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 2048];
+        let mut read = 0;
+        while read < 64 * 1024 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// Serves one connection until it closes, its clock expires, or the server
@@ -415,8 +469,9 @@ fn busy() -> Response {
 }
 
 /// Marks an answer as the connection's last (its request's body was not
-/// read to the end), so that the client does not send another on it.
-fn closing(mut response: Response) -> Response {
+/// read to the end, or its request was refused), so that the client does
+/// not send another on it and the server closes it once it is sent.
+pub fn closing(mut response: Response) -> Response {
     response.headers_mut().insert(
         header::CONNECTION,
         header::HeaderValue::from_static("close"),
@@ -424,8 +479,36 @@ fn closing(mut response: Response) -> Response {
     response
 }
 
-/// One request: refused at once when its declared body is over its limit
-/// or the budget, else passed to the router with its body bounded.
+/// The answer to a request on a connection that was evicted for a
+/// newcomer (it can no longer prove itself): 503 with `Retry-After`, its
+/// connection's last.
+pub fn evicted() -> Response {
+    let mut response = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "connection_evicted",
+        "this connection was closed for a newer one before its request was authenticated \
+         (too many connections from your address, or to the server, had not sent the \
+         token yet); retry on a new connection",
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    closing(response)
+}
+
+/// The answer to a request of an evicted connection ([`evicted`]), after
+/// reading what fits in its free body bytes (briefly), so that closing the
+/// connection does not reset the answer away.
+async fn refuse_evicted(request: Request<Incoming>) -> Response {
+    let body = axum::body::Body::new(request.into_body());
+    let _ = tokio::time::timeout(LINGER, axum::body::to_bytes(body, FREE_BODY)).await;
+    evicted()
+}
+
+/// One request: refused at once when its connection was evicted, or its
+/// declared body is over its limit or the budget, else passed to the
+/// router with its body bounded.
 async fn handle(
     shared: &Shared,
     request: Request<Incoming>,
@@ -433,6 +516,9 @@ async fn handle(
     ticket: Arc<Ticket>,
     hangup: Hangup,
 ) -> Response {
+    if ticket.is_evicted() {
+        return refuse_evicted(request).await;
+    }
     let limit = body_limit(request.uri().path());
     let declared = request
         .headers()

@@ -1,17 +1,21 @@
 //! The dashboard's actions: POST forms only, each carrying the session's
 //! CSRF token, each a queue call the JSON API also makes. After an action
 //! the browser is sent back (303) to the page it came from, with a notice.
+//! Logging in and out are here too.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use axum::Extension;
-use axum::extract::{Path, Request, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::session::{self, Session};
 use super::{Ui, now_secs};
 use crate::protocol::{Priority, RequeueJobs, UpdateJob, parse_job_id};
+use crate::server::http::listen::closing;
 use crate::server::ledger::failure::valid_group;
 
 /// The largest form body read (a form holds a token and a field or two).
@@ -80,23 +84,45 @@ async fn checked_form(
 }
 
 /// `POST /ui/login` with `token`: a session cookie for the right token.
+/// A wrong token is answered 401 and closes its connection, and pauses
+/// logins from its address (see [`super::login_backoff`]); a login during
+/// the pause is answered 429 with `Retry-After`, its token unread.
 pub async fn login(State(ui): State<Ui>, request: Request) -> Response {
     let proof = request
         .extensions()
         .get::<crate::server::http::listen::Proof>()
         .cloned();
+    let peer: Option<IpAddr> = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip());
+    // Read first: a connection closed with its request unread may lose
+    // its answer.
     let fields = match form(request).await {
         Ok(fields) => fields,
-        Err(response) => return response,
+        Err(response) => return closing(response),
     };
+    if let Some(wait) = peer.and_then(|ip| ui.backoff.waiting(ip, Instant::now())) {
+        return too_soon(&ui, wait);
+    }
     let given = fields.get("token").map_or("", |t| t.trim());
     if !ui.token.matches(given) {
-        let mut response = ui.templates.login(Some(
-            "That is not this server's token. It is the text in the file `token` beside \
-                 the server's database (or its --token).",
-        ));
+        let pause = peer.map(|ip| ui.backoff.failed(ip, Instant::now()));
+        let mut message = "That is not this server's token. It is the text in the file `token` \
+                           beside the server's database (or its --token)."
+            .to_string();
+        if let Some(pause) = pause {
+            message.push_str(&format!(
+                " Logins from your address are paused for {}.",
+                seconds(pause)
+            ));
+        }
+        let mut response = ui.templates.login(Some(&message));
         *response.status_mut() = StatusCode::UNAUTHORIZED;
-        return response;
+        return closing(response);
+    }
+    if let Some(ip) = peer {
+        ui.backoff.succeeded(ip);
     }
     if let Some(proof) = proof {
         proof.prove();
@@ -112,7 +138,31 @@ pub async fn login(State(ui): State<Ui>, request: Request) -> Response {
         .into_response()
 }
 
-/// `POST /ui/logout`: ends the session (the cookie is dropped).
+/// The answer to a login during its address's pause: 429, with when to
+/// try again, the connection's last.
+fn too_soon(ui: &Ui, wait: Duration) -> Response {
+    let message = format!(
+        "Too many wrong tokens from your address: logins from it are paused. Try again in {}.",
+        seconds(wait)
+    );
+    let mut response = ui.templates.login(Some(&message));
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let retry_after = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    if let Ok(value) = header::HeaderValue::from_str(&retry_after.to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    closing(response)
+}
+
+/// A pause for people, in whole seconds rounded up: `1 s`, `32 s`.
+fn seconds(pause: Duration) -> String {
+    let whole = pause.as_secs() + u64::from(pause.subsec_nanos() > 0);
+    format!("{whole} s")
+}
+
+/// `POST /ui/logout`: ends the session, on every server of the store and
+/// for good (a copy of its cookie is refused from now on), and drops the
+/// cookie. Other sessions go on.
 pub async fn logout(
     State(ui): State<Ui>,
     Extension(session): Extension<Session>,
@@ -120,6 +170,21 @@ pub async fn logout(
 ) -> Response {
     if let Err(response) = checked_form(&ui, &session, request).await {
         return *response;
+    }
+    let expires_ms = session.expires_secs().saturating_mul(1000);
+    if let Err(error) = ui
+        .queue
+        .end_session(session.id().to_string(), expires_ms)
+        .await
+    {
+        tracing::warn!(%error, "dashboard: cannot record a logout in the store");
+        return ui.templates.error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the job store cannot be written, so this session could not be ended and is still \
+             open; log out again in a few seconds (the server's log says why)",
+            "/ui",
+            &session.csrf(&ui.token),
+        );
     }
     (
         StatusCode::SEE_OTHER,

@@ -6,7 +6,9 @@
 //! - **Login.** The API token, typed into a form once, gives an HttpOnly,
 //!   SameSite=Strict session cookie ([`session`]); every page but the login
 //!   form and the static files needs it, and a request without it is
-//!   answered 401 with the login form.
+//!   answered 401 with the login form. A wrong token closes its connection
+//!   and pauses logins from its address ([`login_backoff`]). A logout ends
+//!   the session on every server of the store, for good.
 //! - **Actions** are POST forms carrying the session's CSRF token and go
 //!   through the same queue calls as the API; a GET never changes anything.
 //!   Form bodies are accepted under `/ui` only (see
@@ -18,6 +20,7 @@
 mod actions;
 mod assets;
 mod depth;
+pub mod login_backoff;
 mod pages;
 mod render;
 pub mod session;
@@ -35,6 +38,7 @@ use crate::auth::ApiToken;
 use crate::server::queue::Queue;
 
 pub use assets::CHART_JS_VERSION;
+use login_backoff::LoginBackoff;
 use render::Templates;
 use session::Session;
 
@@ -45,6 +49,7 @@ pub struct Ui {
     token: ApiToken,
     templates: Arc<Templates>,
     depth: depth::Depth,
+    backoff: Arc<LoginBackoff>,
 }
 
 /// The dashboard's routes, all under `/ui`.
@@ -54,6 +59,7 @@ pub fn router<S>(queue: Queue, token: ApiToken) -> Router<S> {
         token,
         templates: Arc::new(Templates::new()),
         depth: depth::Depth::default(),
+        backoff: Arc::new(LoginBackoff::default()),
     };
     let pages = Router::new()
         .route("/ui", get(pages::overview))
@@ -82,23 +88,39 @@ fn now_secs() -> i64 {
 }
 
 /// Lets through requests with a valid session cookie (the session goes to
-/// the handler as an extension); answers others 401 with the login form.
+/// the handler as an extension) whose session was not logged out; answers
+/// others 401 with the login form.
 async fn require_session(State(ui): State<Ui>, mut request: Request, next: Next) -> Response {
     let Some(session) = Session::from_headers(&ui.token, request.headers(), now_secs()) else {
         let mut response = ui.templates.login(None);
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         return response;
     };
+    match ui.queue.session_ended(session.id().to_string()).await {
+        Ok(false) => {}
+        Ok(true) => {
+            let mut response = ui
+                .templates
+                .login(Some("This session was logged out. Log in again."));
+            *response.status_mut() = StatusCode::UNAUTHORIZED;
+            return response;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "dashboard: cannot check the session against the store");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "5")],
+                "the job store cannot be read, so the session cannot be checked; \
+                 reload the page in a few seconds (the server's log says why)",
+            )
+                .into_response();
+        }
+    }
     // A connection that showed a valid session has proved itself, as one
     // that showed the token (see crate::server::admission).
     let proof = request.extensions().get::<super::listen::Proof>().cloned();
     if proof.is_some_and(|proof| !proof.prove()) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::CONNECTION, "close")],
-            "this connection was closed for a newer one; reload the page",
-        )
-            .into_response();
+        return super::listen::evicted();
     }
     request.extensions_mut().insert(session);
     next.run(request).await

@@ -1,8 +1,12 @@
-//! Dashboard sessions and CSRF tokens, derived from the API token so that
-//! nothing is stored: a session cookie is `v1.EXPIRES.NONCE.MAC`, where MAC
-//! is an HMAC-SHA256 of the rest keyed with the API token, and a page's
-//! CSRF token is an HMAC of the session cookie. Changing the API token ends
-//! every session. All comparisons are in constant time.
+//! Dashboard sessions and CSRF tokens, derived from the API token: a
+//! session cookie is `v1.EXPIRES.NONCE.MAC`, where MAC is an HMAC-SHA256 of
+//! the rest keyed with the API token, and a page's CSRF token is an HMAC of
+//! the session cookie. So a cookie is good on every server with the token
+//! (all servers of one PostgreSQL store, and a server after its restart),
+//! and changing the API token ends every session. A logout ends one
+//! session before it expires: its NONCE, the session's [`Session::id`], is
+//! kept in the store until then (see `Queue::end_session`), where every
+//! server looks for it. All comparisons are in constant time.
 
 use axum::http::{HeaderMap, header};
 use hmac::{Hmac, KeyInit, Mac};
@@ -17,9 +21,13 @@ pub const COOKIE: &str = "jobmgr_ui";
 /// How long a session lasts after logging in, in seconds.
 pub const LIFETIME_SECS: i64 = 12 * 3600;
 
-/// A valid session: the cookie's value.
+/// A valid session: the cookie's value, its nonce and its expiry.
 #[derive(Clone)]
-pub struct Session(String);
+pub struct Session {
+    value: String,
+    id: String,
+    expires: i64,
+}
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -33,9 +41,25 @@ impl Session {
     pub fn mint(token: &ApiToken, now_secs: i64) -> Session {
         let mut nonce = [0u8; 16];
         rand::rng().fill_bytes(&mut nonce);
-        let body = format!("v1.{}.{}", now_secs + LIFETIME_SECS, hex(&nonce));
+        let id = hex(&nonce);
+        let expires = now_secs + LIFETIME_SECS;
+        let body = format!("v1.{expires}.{id}");
         let mac = hex(&mac(token, b"session", body.as_bytes()));
-        Session(format!("{body}.{mac}"))
+        Session {
+            value: format!("{body}.{mac}"),
+            id,
+            expires,
+        }
+    }
+
+    /// The session's own name (its nonce), under which a logout ends it.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// When the session expires, in seconds since the epoch.
+    pub fn expires_secs(&self) -> i64 {
+        self.expires
     }
 
     /// The session a cookie value stands for, if it was minted with
@@ -47,13 +71,17 @@ impl Session {
             return None;
         }
         let mut parts = body.split('.');
-        let (Some("v1"), Some(expires), Some(_), None) =
+        let (Some("v1"), Some(expires), Some(id), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return None;
         };
         let expires: i64 = expires.parse().ok()?;
-        (expires > now_secs).then(|| Session(value.to_string()))
+        (expires > now_secs).then(|| Session {
+            value: value.to_string(),
+            id: id.to_string(),
+            expires,
+        })
     }
 
     /// The session named by the request's cookie, if valid.
@@ -70,7 +98,7 @@ impl Session {
 
     /// The CSRF token forms of this session carry.
     pub fn csrf(&self, token: &ApiToken) -> String {
-        hex(&mac(token, b"csrf", self.0.as_bytes()))
+        hex(&mac(token, b"csrf", self.value.as_bytes()))
     }
 
     /// Whether `given` is this session's CSRF token.
@@ -83,7 +111,7 @@ impl Session {
     pub fn set_cookie(&self) -> String {
         format!(
             "{COOKIE}={}; Path=/ui; Max-Age={LIFETIME_SECS}; HttpOnly; SameSite=Strict",
-            self.0
+            self.value
         )
     }
 }
@@ -116,14 +144,18 @@ mod tests {
     fn a_minted_session_verifies_until_it_expires_and_only_with_its_token() {
         let token = ApiToken::new("s3cret").unwrap();
         let session = Session::mint(&token, 1000);
-        assert!(Session::verify(&token, &session.0, 1000).is_some());
-        assert!(Session::verify(&token, &session.0, 1000 + LIFETIME_SECS).is_none());
+        assert!(Session::verify(&token, &session.value, 1000).is_some());
+        assert!(Session::verify(&token, &session.value, 1000 + LIFETIME_SECS).is_none());
         let other = ApiToken::new("other").unwrap();
-        assert!(Session::verify(&other, &session.0, 1000).is_none());
-        let forged = session.0.replacen("v1.", "v1.9", 1);
+        assert!(Session::verify(&other, &session.value, 1000).is_none());
+        let forged = session.value.replacen("v1.", "v1.9", 1);
         assert!(Session::verify(&token, &forged, 1000).is_none());
         assert!(Session::verify(&token, "", 1000).is_none());
         assert!(Session::verify(&token, "v1.x.y", 1000).is_none());
+        let again = Session::verify(&token, &session.value, 1000).unwrap();
+        assert_eq!(again.id(), session.id());
+        assert_eq!(again.expires_secs(), 1000 + LIFETIME_SECS);
+        assert_ne!(Session::mint(&token, 1000).id(), session.id());
     }
 
     #[test]
@@ -144,7 +176,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,
-            format!("a=b; {COOKIE}=junk; {COOKIE}={}", session.0)
+            format!("a=b; {COOKIE}=junk; {COOKIE}={}", session.value)
                 .parse()
                 .unwrap(),
         );

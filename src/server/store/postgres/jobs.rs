@@ -511,6 +511,10 @@ impl StoreTx for PgTx<'_> {
         self
     }
 
+    fn sessions(&mut self) -> &mut dyn crate::server::store::SessionTx {
+        self
+    }
+
     fn announce(
         &mut self,
         ready: &[ReadyJob],

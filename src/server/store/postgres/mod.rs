@@ -14,6 +14,7 @@ mod ledger;
 mod ledger_stats;
 mod notify;
 mod schema;
+mod sessions;
 mod throttles;
 
 use std::collections::HashMap;

@@ -198,6 +198,12 @@ const MIGRATIONS: &[&str] = &[
     r#"CREATE INDEX attempts_open ON attempts (worker, started) WHERE ended IS NULL;"#,
     // 7: the hand-backs an attempt row stands for, as SQLite's schema 12.
     r#"ALTER TABLE attempts ADD COLUMN hand_backs BIGINT NOT NULL DEFAULT 0;"#,
+    // 8: dashboard sessions ended by a logout, as SQLite's schema 13.
+    r#"CREATE TABLE ended_sessions (
+        session TEXT   NOT NULL PRIMARY KEY,
+        expires BIGINT NOT NULL
+    );
+    CREATE INDEX ended_sessions_expires ON ended_sessions (expires);"#,
 ];
 
 /// The schema version this build writes.
