@@ -717,9 +717,14 @@ impl ChildSetup {
     }
 }
 
-/// Empties the keyrings the kernel keeps for this process's uid past its
+/// Replaces the keyrings the kernel keeps for this process's uid past its
 /// last process (its user and user-session keyrings, and its persistent
-/// keyring), where a job before under the same uid may have left keys, and
+/// keyring), where a job before under the same uid may have left keys:
+/// each is invalidated, so that the kernel makes a new one at its next use.
+/// Emptying one would not do: it keeps the permissions a job before set on
+/// it and the links another uid's job made to it, through which that job
+/// would read the next one's keys. Where invalidating is refused (a job
+/// before took the search permission away), the keyring is emptied. It also
 /// gives the process an anonymous session keyring of its own in place of
 /// the one it inherited (the supervisor's, which every worker would
 /// otherwise share). Best effort: where keys are not offered (a kernel
@@ -735,11 +740,45 @@ unsafe fn own_keyrings() {
     const KEY_SPEC_USER_SESSION_KEYRING: libc::c_long = -5;
     const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
     const KEYCTL_CLEAR: libc::c_long = 7;
+    const KEYCTL_INVALIDATE: libc::c_long = 21;
     const KEYCTL_GET_PERSISTENT: libc::c_long = 22;
+    const KEYCTL_GET_KEYRING_ID: libc::c_long = 0;
+    // SAFETY: keyctl calls with integer arguments (and a null name).
+    let renew = |keyring: libc::c_long| unsafe {
+        let invalidated = libc::syscall(libc::SYS_keyctl, KEYCTL_INVALIDATE, keyring) == 0;
+        if !invalidated {
+            libc::syscall(libc::SYS_keyctl, KEYCTL_CLEAR, keyring);
+        }
+        invalidated
+    };
+    // Until the kernel's collector has taken an invalidated user keyring
+    // away (a few milliseconds at most), a lookup may fail (ENOKEY): the
+    // new one is made before the exec, so that the job finds it.
+    // SAFETY: keyctl and nanosleep with integer arguments and a local.
+    let make_anew = |keyring: libc::c_long| unsafe {
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        for _ in 0..200 {
+            if libc::syscall(libc::SYS_keyctl, KEYCTL_GET_KEYRING_ID, keyring, 1) > 0
+                || *libc::__errno_location() != libc::ENOKEY
+            {
+                break;
+            }
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
+    };
     // SAFETY: keyctl calls with integer arguments (and a null name).
     unsafe {
-        for keyring in [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING] {
-            libc::syscall(libc::SYS_keyctl, KEYCTL_CLEAR, keyring);
+        let renewed = [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING].map(renew);
+        for (keyring, renewed) in [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING]
+            .into_iter()
+            .zip(renewed)
+        {
+            if renewed {
+                make_anew(keyring);
+            }
         }
         // Linked into a thread keyring, which the exec discards.
         let persistent = libc::syscall(
@@ -749,7 +788,7 @@ unsafe fn own_keyrings() {
             KEY_SPEC_THREAD_KEYRING,
         );
         if persistent > 0 {
-            libc::syscall(libc::SYS_keyctl, KEYCTL_CLEAR, persistent);
+            renew(persistent);
         }
         libc::syscall(
             libc::SYS_keyctl,

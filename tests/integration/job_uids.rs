@@ -549,6 +549,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
 def add(name, ring):
     return libc.syscall(ADD_KEY, b"user", name.encode(), b"secret", 6, ring)
+def ring_id(ring):
+    return libc.syscall(KEYCTL, 0, ring, 1)
 def found(name, ring):
     return libc.syscall(KEYCTL, 10, ring, b"user", name.encode(), 0) > 0
 def unlink_all(name):
@@ -560,8 +562,9 @@ def unlink_all(name):
 /// A job under a uid of its own leaves a 0600 file in /dev/shm and one in
 /// /var/tmp, a System V shared memory segment, a symlink out of /var/tmp,
 /// and a key in its user keyring and in its session keyring; the next job
-/// given the same uid (the range holds one) finds none of them, and what
-/// the symlink named is untouched.
+/// given the same uid (the range holds one) finds none of them, has a new
+/// user keyring (not the last one emptied), and what the symlink named is
+/// untouched.
 #[test]
 fn a_reused_uid_finds_nothing_its_previous_job_left() {
     let test = "a_reused_uid_finds_nothing_its_previous_job_left";
@@ -597,6 +600,8 @@ python3 - >> "$OUT/made" <<'PY'
 for name, ring in (("user", -4), ("session", -3)):
     if add("{tag}", ring) > 0:
         print(name + "-key-made")
+with open(os.environ["OUT"] + "/rings", "a") as rings:
+    print(ring_id(-4), file=rings)
 PY
 exit 0"#,
         shm = shm.display(),
@@ -616,6 +621,8 @@ id -u > "$OUT/look-uid"
 for name, ring in (("user", -4), ("session", -3)):
     if found("{tag}", ring):
         print(name + "-key-found")
+with open(os.environ["OUT"] + "/rings", "a") as rings:
+    print(ring_id(-4), file=rings)
 PY
 }} > "$OUT/found"
 exit 0"#,
@@ -668,5 +675,13 @@ exit 0"#,
     assert!(
         out.join("keep").exists(),
         "the removal followed the symlink"
+    );
+    // Not the same keyring emptied, which keeps the permissions the last
+    // job set on it and the links other uids' jobs made to it.
+    let rings = std::fs::read_to_string(out.join("rings")).unwrap_or_default();
+    let rings: Vec<&str> = rings.split_whitespace().collect();
+    assert!(
+        rings.len() == 2 && rings[0] != rings[1] && !rings.iter().any(|r| r.starts_with('-')),
+        "the next job under the uid got its user keyring back rather than a new one: {rings:?}"
     );
 }
