@@ -47,6 +47,9 @@ pub struct ServerArgs {
     /// Bedrock-port connections served at once from one client address (an IPv6 /64); a newcomer from it closes its oldest connection that has not sent the token yet, or is refused with 503 if all have.
     #[arg(long, value_name = "N", default_value_t = bedrock::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub bedrock_max_connections_per_peer: usize,
+    /// Bedrock-port connections served at once that one job's token proved (a worker's); more are refused with 503. Job tokens' connections do not count against --bedrock-max-connections-per-peer, and all jobs together hold at most half of --bedrock-max-connections.
+    #[arg(long, value_name = "N", default_value_t = bedrock::DEFAULT_MAX_CONNECTIONS_PER_JOB)]
+    pub bedrock_max_connections_per_job: usize,
     /// A Bedrock-port connection is closed this long after its last answer unless a new request has begun; blank lines do not keep it open.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration)]
     pub bedrock_idle_timeout: Duration,
@@ -236,6 +239,7 @@ pub async fn run(args: ServerArgs) -> Result<(), CliError> {
         bedrock_limits: bedrock::Limits {
             max_connections: args.bedrock_max_connections.max(1),
             max_connections_per_peer: args.bedrock_max_connections_per_peer.max(1),
+            max_connections_per_job: args.bedrock_max_connections_per_job.max(1),
             idle_timeout: args.bedrock_idle_timeout,
             request_timeout: args.bedrock_request_timeout,
             unproven_timeout: args.bedrock_unproven_timeout,

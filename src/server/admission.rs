@@ -11,6 +11,17 @@
 //! Proven connections are never evicted; they count against the port's cap
 //! as before, and only they make a newcomer be refused.
 //!
+//! A connection proven by a job token (see
+//! [`crate::server::bedrock::job_scope`]: a running job's worker, which is
+//! not trusted) has places of its own instead: at most
+//! [`Admission::max_per_job`] for each job, and half of the port's
+//! connections for all jobs together, so the other half is always left to
+//! clients with the API token. It is refused (and must close) when its
+//! job's or the jobs' places are taken, and it does not count against its
+//! peer bucket's cap: a worker cannot take the places of the supervisor and
+//! the CLI on its address. A connection keeps the standing of the request
+//! that first proved it.
+//!
 //! Connections are also counted per peer *bucket*: an IPv4 address (an
 //! IPv4-mapped IPv6 address counts as its IPv4), or an IPv6 /64, which one
 //! host usually holds whole. A bucket at its cap evicts its own oldest
@@ -35,6 +46,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::protocol::JobId;
+
 /// Why a connection was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -42,6 +55,26 @@ pub enum Refusal {
     PeerFull,
     /// The port holds its cap of proven connections.
     Full,
+}
+
+/// What a request proved its connection with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// The API token (or a trusted peer): a client of the server.
+    ApiToken,
+    /// A job token of this job: the job's worker.
+    JobToken(JobId),
+}
+
+/// Why a connection could not be proven; it must close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unproven {
+    /// It was evicted for a newcomer just before.
+    Evicted,
+    /// Its job holds [`Admission::max_per_job`] connections already.
+    JobFull,
+    /// Jobs hold their share of the port (half of it) already.
+    JobsFull,
 }
 
 /// Why an unproven connection must close.
@@ -59,6 +92,8 @@ pub struct Admission {
     max_connections: usize,
     max_unproven: usize,
     max_per_peer: usize,
+    max_jobs: usize,
+    max_per_job: usize,
     state: Mutex<State>,
 }
 
@@ -72,6 +107,9 @@ struct State {
     /// Evicted connections still open, by age, oldest first: counted in
     /// `total`, no longer in their bucket.
     closing: BTreeMap<u64, Marks>,
+    /// Connections proven by a job token, by ticket: their job.
+    job_held: HashMap<u64, JobId>,
+    per_job: HashMap<JobId, usize>,
     next_id: u64,
 }
 
@@ -87,6 +125,10 @@ struct Marks {
 impl State {
     fn forget(&mut self, bucket: IpAddr) {
         self.total -= 1;
+        self.leave_bucket(bucket);
+    }
+
+    fn leave_bucket(&mut self, bucket: IpAddr) {
         if let Some(count) = self.per_bucket.get_mut(&bucket) {
             *count -= 1;
             if *count == 0 {
@@ -122,6 +164,22 @@ impl State {
             None => false,
         }
     }
+
+    /// Frees the place of a connection proven by a job token; false if it
+    /// was not one.
+    fn forget_job_held(&mut self, id: u64) -> bool {
+        let Some(job) = self.job_held.remove(&id) else {
+            return false;
+        };
+        self.total -= 1;
+        if let Some(count) = self.per_job.get_mut(&job) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_job.remove(&job);
+            }
+        }
+        true
+    }
 }
 
 /// One admitted connection; dropping it frees its place.
@@ -150,13 +208,30 @@ pub fn bucket(ip: IpAddr) -> IpAddr {
 impl Admission {
     /// A port's admission with at most `max_connections` connections, a
     /// quarter of them (at least one) unproven, and `max_per_peer` per peer
-    /// bucket.
+    /// bucket; it takes no job tokens.
     pub fn new(max_connections: usize, max_per_peer: usize) -> Arc<Self> {
+        Self::with_job_tokens(max_connections, max_per_peer, 0)
+    }
+
+    /// As [`Admission::new`], for a port that takes job tokens: at most
+    /// `max_per_job` connections of each job, and half of the port's (at
+    /// least one) of all jobs.
+    pub fn with_job_tokens(
+        max_connections: usize,
+        max_per_peer: usize,
+        max_per_job: usize,
+    ) -> Arc<Self> {
         let max_connections = max_connections.max(1);
         Arc::new(Admission {
             max_connections,
             max_unproven: (max_connections / 4).max(1),
             max_per_peer: max_per_peer.max(1),
+            max_jobs: if max_per_job == 0 {
+                0
+            } else {
+                (max_connections / 2).max(1)
+            },
+            max_per_job,
             state: Mutex::new(State::default()),
         })
     }
@@ -164,6 +239,16 @@ impl Admission {
     /// The most unproven connections held at once.
     pub fn max_unproven(&self) -> usize {
         self.max_unproven
+    }
+
+    /// The most connections proven by job tokens held at once, of all jobs.
+    pub fn max_jobs(&self) -> usize {
+        self.max_jobs
+    }
+
+    /// The most connections proven by job tokens held at once, per job.
+    pub fn max_per_job(&self) -> usize {
+        self.max_per_job
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -225,20 +310,48 @@ impl Admission {
         let state = self.lock();
         (state.total, state.unproven.len())
     }
+
+    /// Connections held that a job token proved.
+    pub fn held_by_jobs(&self) -> usize {
+        self.lock().job_held.len()
+    }
 }
 
 impl Ticket {
-    /// Marks the connection proven (a request on it passed the token
-    /// check): it is no longer evicted nor held to the deadline. False if
-    /// it was evicted already; it must then close.
+    /// Marks the connection proven by the API token (a request on it
+    /// passed the token check): it is no longer evicted nor held to the
+    /// deadline. False if it was evicted already; it must then close.
     pub fn prove(&self) -> bool {
-        let mut state = self.admission.lock();
+        self.prove_with(Credential::ApiToken).is_ok()
+    }
+
+    /// Marks the connection proven by `credential`, within a job token's
+    /// places (see the module's doc). Once proven, it keeps its standing
+    /// whatever later requests carry. An error means it must close.
+    pub fn prove_with(&self, credential: Credential) -> Result<(), Unproven> {
+        let admission = &self.admission;
+        let mut state = admission.lock();
         if self.marks.evicted.is_cancelled() {
-            return false;
+            return Err(Unproven::Evicted);
+        }
+        if self.is_proven() {
+            return Ok(());
+        }
+        if let Credential::JobToken(job) = credential {
+            let of_job = state.per_job.get(&job).copied().unwrap_or(0);
+            if of_job >= admission.max_per_job {
+                return Err(Unproven::JobFull);
+            }
+            if state.job_held.len() >= admission.max_jobs {
+                return Err(Unproven::JobsFull);
+            }
+            *state.per_job.entry(job).or_insert(0) += 1;
+            state.job_held.insert(self.id, job);
+            state.leave_bucket(self.bucket);
         }
         state.unproven.remove(&self.id);
         self.proven.cancel();
-        true
+        Ok(())
     }
 
     /// Whether the connection has proven itself.
@@ -303,7 +416,9 @@ impl Drop for Ticket {
             return;
         }
         state.unproven.remove(&self.id);
-        state.forget(self.bucket);
+        if !state.forget_job_held(self.id) {
+            state.forget(self.bucket);
+        }
     }
 }
 
@@ -383,6 +498,75 @@ mod tests {
             Refusal::PeerFull
         );
         assert!(admission.admit(ip("10.0.0.2")).is_ok());
+    }
+
+    #[test]
+    fn job_tokens_have_places_per_job_and_half_the_port_and_never_take_the_rest() {
+        let admission = Admission::with_job_tokens(8, 100, 2);
+        assert_eq!((admission.max_jobs(), admission.max_per_job()), (4, 2));
+        let job = |t: &Ticket, id| t.prove_with(Credential::JobToken(id));
+        let mut held = Vec::new();
+        for id in [1, 1, 2, 2] {
+            let t = admission.admit(ip("127.0.0.2")).unwrap();
+            assert_eq!(job(&t, id), Ok(()));
+            held.push(t);
+        }
+        let third = admission.admit(ip("127.0.0.3")).unwrap();
+        assert_eq!(job(&third, 1), Err(Unproven::JobFull), "its job's places");
+        assert_eq!(job(&third, 3), Err(Unproven::JobsFull), "the jobs' share");
+        drop(third);
+        // The other half is the API token's, whatever the jobs try.
+        let clients: Vec<Ticket> = (0..4)
+            .map(|_| {
+                let t = admission.admit(ip("127.0.0.1")).unwrap();
+                assert!(t.prove());
+                t
+            })
+            .collect();
+        assert_eq!(admission.admit(ip("127.0.0.1")).unwrap_err(), Refusal::Full);
+        assert_eq!(admission.held_by_jobs(), 4);
+        // A closed one frees its job's place.
+        held.remove(0);
+        let again = admission.admit(ip("127.0.0.2")).unwrap();
+        assert_eq!(job(&again, 1), Ok(()));
+        // Proven once, a connection keeps its standing.
+        assert_eq!(again.prove_with(Credential::ApiToken), Ok(()));
+        assert_eq!(clients[0].prove_with(Credential::JobToken(9)), Ok(()));
+        drop((held, again, clients));
+        assert_eq!(admission.held(), (0, 0));
+        assert_eq!(admission.held_by_jobs(), 0);
+    }
+
+    #[test]
+    fn a_job_tokens_connections_leave_their_address_to_the_api_token() {
+        let admission = Admission::with_job_tokens(100, 2, 10);
+        let jobs: Vec<Ticket> = (0..6)
+            .map(|_| {
+                let t = admission.admit(ip("127.0.0.1")).unwrap();
+                assert_eq!(t.prove_with(Credential::JobToken(7)), Ok(()));
+                t
+            })
+            .collect();
+        let a = admission.admit(ip("127.0.0.1")).unwrap();
+        let b = admission.admit(ip("127.0.0.1")).unwrap();
+        assert!(a.prove() && b.prove());
+        assert_eq!(
+            admission.admit(ip("127.0.0.1")).unwrap_err(),
+            Refusal::PeerFull
+        );
+        drop(jobs);
+        assert_eq!(admission.held(), (2, 0));
+    }
+
+    #[test]
+    fn a_port_without_job_tokens_proves_none() {
+        let admission = Admission::new(8, 8);
+        let t = admission.admit(ip("127.0.0.1")).unwrap();
+        assert_eq!(
+            t.prove_with(Credential::JobToken(1)),
+            Err(Unproven::JobFull)
+        );
+        assert!(t.prove());
     }
 
     #[tokio::test(start_paused = true)]

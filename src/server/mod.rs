@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod queue;
 pub mod records;
 pub mod store;
+pub mod tally;
 
 use std::future::Future;
 use std::path::PathBuf;

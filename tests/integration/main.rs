@@ -37,6 +37,7 @@ mod hostile_workers;
 mod http_limits;
 mod idempotency;
 mod job_guard;
+mod job_token_limits;
 mod job_tokens;
 mod job_uids;
 mod leases;

@@ -30,14 +30,21 @@
 //!   connection open.
 //!
 //! Refusals are logged at info with the job id and the command, never the
-//! token.
+//! token, each kind at most once per [`Tally::EVERY`] with how many there
+//! were (anyone who can reach the port can send forged tokens as fast as
+//! they are answered).
+//!
+//! A job token's connections have places of their own, per job and for
+//! all jobs (see [`crate::server::admission`]).
 
 use super::commands::{self, Answer, Params};
 use super::frame::Request;
 use crate::auth::ApiToken;
 use crate::auth::job_token::JobToken;
 use crate::protocol::{Job, JobError, JobId};
+use crate::server::admission::Credential;
 use crate::server::queue::Queue;
+use crate::server::tally::Tally;
 
 /// The answer to a command a job token may not send (the connection stays
 /// open).
@@ -68,14 +75,34 @@ pub enum Caller {
     Job(Box<Job>),
 }
 
+impl Caller {
+    /// What its request proves its connection with.
+    pub fn credential(&self) -> Credential {
+        match self {
+            Caller::Full => Credential::ApiToken,
+            Caller::Job(job) => Credential::JobToken(job.id),
+        }
+    }
+
+    /// The job of a job token's caller.
+    pub fn job_id(&self) -> Option<JobId> {
+        match self {
+            Caller::Full => None,
+            Caller::Job(job) => Some(job.id),
+        }
+    }
+}
+
 /// Checks a `Token` header that is not the API token: a job token of a job
 /// held under the hand-out it was minted for admits its caller. Otherwise
-/// the status line to close the connection with.
+/// the status line to close the connection with; a refused job token is
+/// counted in `refused` (and logged as it says).
 pub async fn admit(
     queue: &Queue,
     api_token: &ApiToken,
     given: &str,
     method: &str,
+    refused: &Tally,
 ) -> Result<Caller, String> {
     let Some(claim) = JobToken::parse(given) else {
         return Err(UNAUTHORIZED.into());
@@ -99,7 +126,10 @@ pub async fn admit(
             return Err(error.status_line());
         }
     };
-    tracing::info!(job_id, %method, "Bedrock port: job token refused: {why}");
+    if let Some(refused) = refused.note() {
+        tracing::info!(job_id, %method, refused,
+            "Bedrock port: job tokens refused; the last: {why}");
+    }
     Err(NOT_RUNNING.into())
 }
 
@@ -118,8 +148,9 @@ impl From<JobError> for Denied {
 }
 
 /// Runs one request of a job token's caller, whose job is `holder`, within
-/// what the token allows.
-pub async fn run(queue: &Queue, request: &Request, holder: &Job) -> Answer {
+/// what the token allows; a refused request is counted in `refused` (and
+/// logged as it says).
+pub async fn run(queue: &Queue, request: &Request, holder: &Job, refused: &Tally) -> Answer {
     commands::count(request);
     let method = request.method.to_ascii_lowercase();
     let answer = match method.as_str() {
@@ -135,8 +166,10 @@ pub async fn run(queue: &Queue, request: &Request, holder: &Job) -> Answer {
         Ok(answer) => answer,
         Err(Denied::Error(error)) => Answer::error(&error),
         Err(Denied::Forbidden(status_line, why)) => {
-            tracing::info!(job_id = holder.id, method = %request.method,
-                "Bedrock port: job token's request refused: {why}");
+            if let Some(refused) = refused.note() {
+                tracing::info!(job_id = holder.id, method = %request.method, refused,
+                    "Bedrock port: job tokens' requests refused; the last: {why}");
+            }
             Answer::refusal(status_line)
         }
     }

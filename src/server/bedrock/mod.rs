@@ -7,7 +7,14 @@
 //! connections share one budget. A connection without a request that passed
 //! the token check yet is second-class (see [`crate::server::admission`]):
 //! it must send one within [`Limits::unproven_timeout`] of its accept, and
-//! the oldest such connection is closed to admit a newcomer.
+//! the oldest such connection is closed to admit a newcomer. Connections
+//! proven by a job token have places of their own
+//! ([`Limits::max_connections_per_job`], and half of the port in all), so
+//! workers never take the places of clients with the API token.
+//!
+//! What a flood would repeat in the log (refused connections, refused job
+//! tokens and their refused requests) is said at most once per
+//! [`Tally::EVERY`], with its count.
 //!
 //! Idle time is counted from the last answer: bytes that make no request
 //! (blank lines) do not restart it, and bytes of an unfinished request run
@@ -33,8 +40,9 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::ApiToken;
-use crate::server::admission::{Admission, Lapse, Refusal, Ticket};
+use crate::server::admission::{Admission, Lapse, Refusal, Ticket, Unproven};
 use crate::server::queue::Queue;
+use crate::server::tally::Tally;
 use frame::{FrameError, Request};
 use job_scope::Caller;
 
@@ -50,6 +58,11 @@ pub struct Limits {
     /// a newcomer from it closes its oldest connection that has not
     /// authenticated, or is told `503` and closed if all have.
     pub max_connections_per_peer: usize,
+    /// Connections served at once that a job token proved, per job (and
+    /// at most half of `max_connections` of all jobs); they do not count
+    /// against `max_connections_per_peer`. One more is told `503` and
+    /// closed.
+    pub max_connections_per_job: usize,
     /// A connection must send a request that passes the token check
     /// within this of its accept; until then it has no idle time.
     pub unproven_timeout: Duration,
@@ -65,6 +78,10 @@ pub struct Limits {
 /// Connections one peer address may hold open by default.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;
 
+/// Connections one job's token may hold open by default: its worker
+/// needs one at a time (a few if it forks).
+pub const DEFAULT_MAX_CONNECTIONS_PER_JOB: usize = 8;
+
 /// Bytes each connection may buffer without drawing on the shared budget.
 pub const FREE_BUFFER: usize = 64 * 1024;
 
@@ -73,12 +90,25 @@ impl Default for Limits {
         Limits {
             max_connections: 1024,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            max_connections_per_job: DEFAULT_MAX_CONNECTIONS_PER_JOB,
             unproven_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
             request_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
         }
     }
+}
+
+/// The port's log lines that a flood would repeat.
+#[derive(Debug, Default)]
+struct Tallies {
+    /// Connections refused for want of places.
+    connections: Tally,
+    /// Job tokens refused: forged, another server's, or of a job that no
+    /// longer runs.
+    job_tokens: Tally,
+    /// Requests of a valid job token refused as not the token's to send.
+    job_requests: Tally,
 }
 
 /// Who may use the Bedrock port.
@@ -104,7 +134,12 @@ pub async fn serve(
     budget: ByteBudget,
     shutdown: CancellationToken,
 ) {
-    let admission = Admission::new(limits.max_connections, limits.max_connections_per_peer);
+    let admission = Admission::with_job_tokens(
+        limits.max_connections,
+        limits.max_connections_per_peer,
+        limits.max_connections_per_job,
+    );
+    let tallies = Arc::new(Tallies::default());
     let open = tokio_util::task::TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -122,15 +157,22 @@ pub async fn serve(
         };
         let ticket = match admission.admit(peer.ip()) {
             Ok(ticket) => ticket,
-            Err(Refusal::PeerFull) => {
-                tracing::warn!(%peer, cap = limits.max_connections_per_peer,
-                    "Bedrock port: too many authenticated connections from one address; refusing one");
-                refuse_connection(stream, "503 Too many connections from your address");
-                continue;
-            }
-            Err(Refusal::Full) => {
-                tracing::warn!(%peer, "Bedrock port: too many connections; refusing one");
-                refuse_connection(stream, "503 Too many connections");
+            Err(refusal) => {
+                let (status_line, why) = match refusal {
+                    Refusal::PeerFull => (
+                        "503 Too many connections from your address",
+                        "too many authenticated connections from one address \
+                         (see --bedrock-max-connections-per-peer)",
+                    ),
+                    Refusal::Full => (
+                        "503 Too many connections",
+                        "too many connections (see --bedrock-max-connections)",
+                    ),
+                };
+                if let Some(refused) = tallies.connections.note() {
+                    tracing::warn!(%peer, refused, "Bedrock port: {why}; refusing connections");
+                }
+                refuse_connection(stream, status_line);
                 continue;
             }
         };
@@ -148,6 +190,7 @@ pub async fn serve(
             shutdown: shutdown.clone(),
             token: (!trusted).then(|| auth.token.clone()),
             ticket,
+            tallies: Arc::clone(&tallies),
         };
         open.spawn(connection.run());
     }
@@ -188,6 +231,7 @@ struct Connection {
     token: Option<ApiToken>,
     /// Its place; proven by the first request that passes the token check.
     ticket: Ticket,
+    tallies: Arc<Tallies>,
 }
 
 /// Why reading stopped.
@@ -408,7 +452,45 @@ impl Connection {
         if token.matches(&given) {
             return Ok(Caller::Full);
         }
-        job_scope::admit(&self.queue, token, &given, &request.method).await
+        let tally = &self.tallies.job_tokens;
+        job_scope::admit(&self.queue, token, &given, &request.method, tally).await
+    }
+
+    /// The status line to close a connection with that `caller`'s request
+    /// could not prove (see [`Unproven`]); refusals for want of places are
+    /// logged as the port's refused connections are.
+    fn unproven(&self, unproven: Unproven, caller: &Caller) -> String {
+        let per_job = self.limits.max_connections_per_job;
+        let (status_line, why) = match unproven {
+            Unproven::Evicted => {
+                return "503 Closed for a newer connection: send a request with the token at once"
+                    .into();
+            }
+            Unproven::JobFull => (
+                format!(
+                    "503 Too many connections for this job token: a job may hold {per_job} at \
+                     once; send its requests on one connection, or close one first"
+                ),
+                "a job token's job holds all its connections \
+                 (see --bedrock-max-connections-per-job)",
+            ),
+            Unproven::JobsFull => (
+                "503 Too many job-token connections: running jobs hold their share of the \
+                 port's connections; retry later"
+                    .to_string(),
+                "running jobs hold half of the port's connections \
+                 (see --bedrock-max-connections)",
+            ),
+        };
+        if let Some(refused) = self.tallies.connections.note() {
+            let job_id = caller.job_id().unwrap_or_default();
+            tracing::warn!(
+                job_id,
+                refused,
+                "Bedrock port: {why}; refusing job-token connections"
+            );
+        }
+        status_line
     }
 
     async fn answer(&mut self, request: Request) -> After {
@@ -419,14 +501,9 @@ impl Connection {
                 return After::Close;
             }
         };
-        if !self.ticket.prove() {
-            // Evicted just before its request was read whole.
-            let _ = self
-                .write(&frame::closing_response(
-                    "503 Closed for a newer connection: send a request with the token at once",
-                    "",
-                ))
-                .await;
+        if let Err(unproven) = self.ticket.prove_with(caller.credential()) {
+            let status_line = self.unproven(unproven, &caller);
+            let _ = self.write(&frame::closing_response(&status_line, "")).await;
             return After::Close;
         }
         let connection = request
@@ -442,7 +519,7 @@ impl Connection {
             if method == "getjob" || method == "getjobs" {
                 tracing::info!("GetJob with Connection: forget can deliver nothing; not run");
             } else {
-                let outcome = run(&self.queue, &request, &caller).await;
+                let outcome = run(&self.queue, &request, &caller, &self.tallies.job_requests).await;
                 tracing::debug!(method = %request.method, status = %outcome.status_line, "forgotten command ran");
             }
             return After::Close;
@@ -453,7 +530,8 @@ impl Connection {
         let mut hung_up = false;
         let answer = {
             let queue = self.queue.clone();
-            let run = run(&queue, &request, &caller);
+            let tallies = Arc::clone(&self.tallies);
+            let run = run(&queue, &request, &caller, &tallies.job_requests);
             tokio::pin!(run);
             // While the command runs (a held GetJob may take minutes), watch
             // the socket: a client that hangs up before its GetJob is
@@ -514,10 +592,16 @@ impl Connection {
     }
 }
 
-/// Runs one request with what its caller may do.
-async fn run(queue: &Queue, request: &Request, caller: &Caller) -> commands::Answer {
+/// Runs one request with what its caller may do; a job token's refused
+/// requests are counted in `refused`.
+async fn run(
+    queue: &Queue,
+    request: &Request,
+    caller: &Caller,
+    refused: &Tally,
+) -> commands::Answer {
     match caller {
         Caller::Full => commands::run(queue, request).await,
-        Caller::Job(holder) => job_scope::run(queue, request, holder).await,
+        Caller::Job(holder) => job_scope::run(queue, request, holder, refused).await,
     }
 }

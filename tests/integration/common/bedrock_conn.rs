@@ -127,6 +127,7 @@ pub fn parse_response(buf: &[u8]) -> Option<(Response, usize)> {
 }
 
 /// A connection to the Bedrock port that reads whole responses.
+#[derive(Debug)]
 pub struct Conn {
     /// The socket (for tests that write to it directly).
     pub stream: TcpStream,
@@ -140,6 +141,18 @@ impl Conn {
     pub fn open(addr: &str) -> Conn {
         assert!(!addr.is_empty(), "the server reported no Bedrock address");
         let stream = TcpStream::connect(addr).expect("connect to the Bedrock port");
+        stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// A connection to `addr` from the local address `from` (such as
+    /// 127.0.0.2, to be another peer than 127.0.0.1).
+    pub fn open_from(from: std::net::IpAddr, addr: &str) -> Conn {
+        let stream = super::connect_from(from, addr);
         stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
         stream.set_nodelay(true).unwrap();
         Conn {

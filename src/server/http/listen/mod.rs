@@ -46,6 +46,7 @@ pub use tls::{TlsError, TlsFiles};
 use super::ApiError;
 use super::body::{MAX_BATCH_BODY, MAX_BODY};
 use crate::server::admission::{Admission, Lapse, Refusal, Ticket};
+use crate::server::tally::Tally;
 use activity::{Activity, Kept, Watched};
 use budget::{Bounded, Holding, kib_beyond_free};
 
@@ -192,7 +193,7 @@ pub async fn serve(
         budget,
     });
     let open = TaskTracker::new();
-    let mut refusals = Refusals::default();
+    let refusals = Tally::default();
     let lingering = Arc::new(tokio::sync::Semaphore::new(MAX_LINGERING));
     loop {
         let accepted = tokio::select! {
@@ -215,7 +216,14 @@ pub async fn serve(
                     Refusal::PeerFull => "too many connections from this address",
                     Refusal::Full => "too many connections",
                 };
-                refusals.note(peer, why);
+                if let Some(refused) = refusals.note() {
+                    tracing::warn!(
+                        %peer,
+                        refused,
+                        "HTTP port: {why}; refusing connections (see --http-max-connections, \
+                         --http-max-connections-per-peer)"
+                    );
+                }
                 refuse(stream, why, &lingering);
                 continue;
             }
@@ -261,36 +269,6 @@ pub async fn serve(
     }
     open.close();
     open.wait().await;
-}
-
-/// Refused connections, logged at most once per [`Refusals::EVERY`] so
-/// that a flood does not flood the log too.
-#[derive(Default)]
-struct Refusals {
-    since_logged: u64,
-    logged: Option<tokio::time::Instant>,
-}
-
-impl Refusals {
-    const EVERY: Duration = Duration::from_secs(10);
-
-    fn note(&mut self, peer: SocketAddr, why: &str) {
-        self.since_logged += 1;
-        let now = tokio::time::Instant::now();
-        if self
-            .logged
-            .is_none_or(|at| now.duration_since(at) >= Self::EVERY)
-        {
-            tracing::warn!(
-                %peer,
-                refused = self.since_logged,
-                "HTTP port: {why}; refusing connections (see --http-max-connections, \
-                 --http-max-connections-per-peer)"
-            );
-            self.since_logged = 0;
-            self.logged = Some(now);
-        }
-    }
 }
 
 /// Answers a connection over the caps with 503, without waiting for the
