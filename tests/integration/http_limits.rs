@@ -675,6 +675,7 @@ fn a_listing_by_get_or_head_takes_the_page_reserve_of_the_budget() {
         "/stats",
         "/stats/workers",
         "/failures",
+        "/tracked",
     ] {
         for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
             assert_eq!(

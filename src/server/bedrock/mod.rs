@@ -29,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::server::ByteBudget;
+use crate::server::budget::{AnswerShare, Holding};
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
@@ -342,6 +343,11 @@ impl Connection {
         }
     }
 
+    /// A share of the budget for one answer.
+    fn answer_share(&self) -> AnswerShare {
+        AnswerShare::new(Arc::clone(&self.budget), Holding::default())
+    }
+
     /// Whether the client has closed the connection, without waiting:
     /// bytes already sent (pipelined requests) are kept.
     fn peer_gone(&mut self) -> bool {
@@ -442,7 +448,8 @@ impl Connection {
             if method == "getjob" || method == "getjobs" {
                 tracing::info!("GetJob with Connection: forget can deliver nothing; not run");
             } else {
-                let outcome = run(&self.queue, &request, &caller).await;
+                let share = self.answer_share();
+                let outcome = run(&self.queue, &request, &caller, &share).await;
                 tracing::debug!(method = %request.method, status = %outcome.status_line, "forgotten command ran");
             }
             return After::Close;
@@ -451,9 +458,11 @@ impl Connection {
         let method = request.method.to_ascii_lowercase();
         let takes_jobs = method == "getjob" || method == "getjobs";
         let mut hung_up = false;
+        // What the answer draws on the budget, held until it has been sent.
+        let share = self.answer_share();
         let answer = {
             let queue = self.queue.clone();
-            let run = run(&queue, &request, &caller);
+            let run = run(&queue, &request, &caller, &share);
             tokio::pin!(run);
             // While the command runs (a held GetJob may take minutes), watch
             // the socket: a client that hangs up before its GetJob is
@@ -514,10 +523,16 @@ impl Connection {
     }
 }
 
-/// Runs one request with what its caller may do.
-async fn run(queue: &Queue, request: &Request, caller: &Caller) -> commands::Answer {
+/// Runs one request with what its caller may do, drawing on `share` for
+/// the jobs it hands out.
+async fn run(
+    queue: &Queue,
+    request: &Request,
+    caller: &Caller,
+    share: &AnswerShare,
+) -> commands::Answer {
     match caller {
-        Caller::Full => commands::run(queue, request).await,
+        Caller::Full => commands::run(queue, request, share).await,
         Caller::Job(holder) => job_scope::run(queue, request, holder).await,
     }
 }
