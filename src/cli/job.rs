@@ -625,7 +625,11 @@ pub async fn run(args: JobArgs) -> Result<(), CliError> {
             match format {
                 Format::Json => print_value(&answer),
                 Format::Text => {
-                    print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[]))
+                    print_jobs(answer["jobs"].as_array().map(Vec::as_slice).unwrap_or(&[]));
+                    // A page cut short to keep it small: say how to go on.
+                    if let Some(next) = answer["nextAfter"].as_i64() {
+                        eprintln!("more jobs follow: add --after {next}");
+                    }
                 }
             }
         }

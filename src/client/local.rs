@@ -31,6 +31,7 @@ fn source_error(error: JobError) -> SourceError {
         JobError::Store(_)
         | JobError::StoreUnavailable(_)
         | JobError::StoreOutcomeUnknown
+        | JobError::ServerBusy
         | JobError::ShuttingDown => SourceError::Unavailable(error.to_string()),
         JobError::NoSuchJob => SourceError::NotFound(error.status_line()),
         other => SourceError::Refused(other.status_line()),

@@ -194,6 +194,12 @@ pub enum JobError {
     /// No throttle has this GLOB.
     #[error("No such throttle; GetThrottles lists those there are")]
     NoSuchThrottle,
+    /// The server holds as many bytes for its clients as its byte budget
+    /// allows, and not even one job's answer fits; nothing was handed out.
+    #[error(
+        "Server busy: it holds as many answer bytes as its budget allows (--http-body-budget); nothing was handed out, retry shortly"
+    )]
+    ServerBusy,
     /// The server is shutting down and takes no more commands.
     #[error("Server is shutting down; retry against another server or after restart")]
     ShuttingDown,
@@ -240,7 +246,7 @@ impl JobError {
             LeaseLost(_) | IdempotencyKeyReused(_) => 409,
             UnrecognizedCommand => 430,
             Store(_) | StoreOutcomeUnknown => 502,
-            StoreUnavailable(_) | ShuttingDown => 503,
+            StoreUnavailable(_) | ServerBusy | ShuttingDown => 503,
         }
     }
 
@@ -293,6 +299,7 @@ impl JobError {
                     StoreUnavailable(_) => "store_unavailable",
                     StoreOutcomeUnknown => "store_outcome_unknown",
                     ShuttingDown => "shutting_down",
+                    ServerBusy => "server_busy",
                     TooManyThrottles(_) => "too_many_throttles",
                     BadThrottle(_) => "malformed_throttle",
                     NoSuchThrottle => "no_such_throttle",

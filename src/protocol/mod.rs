@@ -33,5 +33,11 @@ pub const MAX_DATA_BYTES: usize = 1024 * 1024;
 /// The most jobs one GetJobs or dequeue hands out.
 pub const MAX_NUM_RESULTS: usize = 1000;
 
+/// The most bytes of jobs (names and data, and a hand-out's parent and
+/// children data) one answer holds: a listing page, or the jobs one GetJobs
+/// or dequeue hands out. An answer stops before the job that would take it
+/// past this, but always holds at least one job.
+pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
+
 /// The most jobs one CreateJobs creates.
 pub const MAX_BATCH_JOBS: usize = 10_000;

@@ -28,7 +28,33 @@ pub struct HandOut {
     pub attempt: i64,
 }
 
+/// What one hand-out's answer holds besides its name and data (its other
+/// fields, the lease), in bytes: a generous bound, so that many small jobs
+/// are counted too.
+const HANDOUT_FIELDS_BYTES: usize = 512;
+
+/// What each child in a hand-out holds besides its data, in bytes.
+const CHILD_FIELDS_BYTES: usize = 48;
+
 impl HandOut {
+    /// The bytes this hand-out takes in an answer: its name, its data, its
+    /// parent's data and its children's, as JSON text, plus its other
+    /// fields. What a GetJobs or dequeue answer is cut by (see
+    /// [`super::MAX_PAGE_BYTES`]) and draws on the server's byte budget by.
+    pub fn answer_bytes(&self) -> usize {
+        let children = self
+            .finished_children
+            .iter()
+            .chain(&self.cancelled_children)
+            .map(|(_, data)| json_len(data) + CHILD_FIELDS_BYTES)
+            .sum::<usize>();
+        HANDOUT_FIELDS_BYTES
+            + self.job.name.len()
+            + json_len(&self.job.data)
+            + self.parent_data.as_ref().map_or(0, json_len)
+            + children
+    }
+
     /// The object Bedrock's GetJob returns.
     pub fn bedrock_json(&self) -> Map<String, Value> {
         let job = &self.job;
@@ -124,6 +150,25 @@ pub fn add_bedrock_labels(out: &mut Map<String, Value>, labels: &Labels) {
     if labels.tracked {
         out.insert("tracked".into(), json!(true));
     }
+}
+
+/// The length of `data`'s JSON text, counted without building it.
+pub fn json_len<T: serde::Serialize + ?Sized>(data: &T) -> usize {
+    /// A writer that only counts.
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing JSON values to a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, data);
+    count.0
 }
 
 fn children(list: &[(JobId, Data)]) -> Value {

@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod bedrock;
+pub mod budget;
 pub mod calendar;
 pub mod events;
 pub mod http;
@@ -23,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::ApiToken;
+pub use budget::{ByteBudget, byte_budget};
 use queue::{Queue, QueueConfig};
 pub use store::sqlite_error::StoreOpenError;
 use store::{PgStore, SqliteStore};
@@ -201,16 +203,6 @@ pub async fn bind(addr: &str) -> Result<TcpListener, ServerError> {
             addr: addr.to_string(),
             source,
         })
-}
-
-/// The server's one byte budget, counted in KiB so that it fits a
-/// semaphore's permits: request bytes both ports buffer for their clients
-/// beyond each connection's free share, and listing pages while built.
-pub type ByteBudget = Arc<tokio::sync::Semaphore>;
-
-/// A [`ByteBudget`] of `bytes`.
-pub fn byte_budget(bytes: usize) -> ByteBudget {
-    Arc::new(tokio::sync::Semaphore::new(bytes / 1024))
 }
 
 /// The sockets a server answers on.

@@ -212,21 +212,30 @@ fn a_burst_of_clients_over_the_per_address_cap_is_answered_503_never_closed_sile
         .arg("--http-header-timeout")
         .arg("5m")
         .start();
-    let connected = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
-    let answered = std::sync::Arc::new(std::sync::Barrier::new(CLIENTS));
+    // Arrivals counted, each thread waiting (with the suite's deadline,
+    // unlike a Barrier, which a thread that panicked would hang) until all
+    // have arrived.
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let all_at = |arrived: &std::sync::atomic::AtomicUsize, what: &str| {
+        arrived.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        poll(what, || {
+            (arrived.load(std::sync::atomic::Ordering::SeqCst) >= CLIENTS).then_some(())
+        });
+    };
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| {
             let (connected, answered) = (connected.clone(), answered.clone());
             let addr = server.addr();
             std::thread::spawn(move || {
                 let mut stream = connect_from(HERE, &addr);
-                connected.wait();
+                all_at(&connected, "every client to connect");
                 let head = authed(&format!("GET /jobs/1 HTTP/1.1\r\nHost: {addr}\r\n\r\n"));
                 let sent = stream.write_all(head.as_bytes());
                 let answer = sent.ok().and_then(|()| answer_head(&mut stream));
                 // Served connections stay open until every client has its
                 // answer, so that the burst is over the cap throughout.
-                answered.wait();
+                all_at(&answered, "every client to have its answer");
                 answer
             })
         })
@@ -755,6 +764,7 @@ fn a_listing_by_get_or_head_takes_the_page_reserve_of_the_budget() {
         "/stats",
         "/stats/workers",
         "/failures",
+        "/tracked",
     ] {
         for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
             assert_eq!(

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod answer_budget;
 mod archive;
 mod bedrock;
 mod bedrock_client;

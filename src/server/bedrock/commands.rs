@@ -30,6 +30,7 @@ use crate::protocol::{
     UpdateJob, check_name, parse_data, parse_depends, parse_flag, parse_job_id, parse_job_ids,
     parse_num_results, parse_time,
 };
+use crate::server::budget::AnswerShare;
 use crate::server::queue::{DependencyView, Queue};
 
 /// The longest a `Connection: wait` GetJob is held: one hour.
@@ -188,10 +189,12 @@ const COMMANDS: [&str; 19] = [
     "getthrottles",
 ];
 
-/// Runs one request and answers it; errors become their status lines.
-pub async fn run(queue: &Queue, request: &Request) -> Answer {
+/// Runs one request and answers it; errors become their status lines. The
+/// jobs a GetJob(s) hands out are drawn on `share` (see
+/// [`Queue::within_budget`]).
+pub async fn run(queue: &Queue, request: &Request, share: &AnswerShare) -> Answer {
     count(request);
-    match dispatch(queue, request).await {
+    match dispatch(queue, request, share).await {
         Ok(answer) => answer,
         Err(error) => Answer::error(&error),
     }
@@ -204,7 +207,11 @@ pub(super) fn count(request: &Request) {
     crate::metrics::server_request("bedrock", known.unwrap_or("unknown"), "");
 }
 
-async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> {
+async fn dispatch(
+    queue: &Queue,
+    request: &Request,
+    share: &AnswerShare,
+) -> Result<Answer, JobError> {
     let params = Params::new(request);
     let method = request.method.to_ascii_lowercase();
     match method.as_str() {
@@ -212,7 +219,10 @@ async fn dispatch(queue: &Queue, request: &Request) -> Result<Answer, JobError> 
             let many = method == "createjobs";
             create(queue, &params, creates(&params, many)?, many, None).await
         }
-        "getjob" | "getjobs" => get_jobs(queue, request, &params, method == "getjobs").await,
+        "getjob" | "getjobs" => {
+            let many = method == "getjobs";
+            get_jobs(queue, request, &params, many, share).await
+        }
         "queryjob" => {
             let (job, labels, dependencies) = queue.query_in_full(params.job_id()?).await?;
             Ok(query_answer_with(job, &labels, &dependencies))
@@ -572,6 +582,7 @@ async fn get_jobs(
     request: &Request,
     params: &Params<'_>,
     many: bool,
+    share: &AnswerShare,
 ) -> Result<Answer, JobError> {
     let name = params.text("name").unwrap_or_default();
     let pattern = NamePattern::parse(&name)?;
@@ -602,6 +613,7 @@ async fn get_jobs(
     if handouts.is_empty() {
         return Err(JobError::NoJobFound);
     }
+    let handouts = queue.within_budget(handouts, share).await?;
     // Only a client that asked for a lease sees its fields: a plain Bedrock
     // client gets Bedrock's answer, byte for byte.
     let object = |h: &HandOut| match lease {

@@ -36,6 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::server::ByteBudget;
+use crate::server::budget::{AnswerShare, Holding};
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
@@ -386,6 +387,11 @@ impl Connection {
         }
     }
 
+    /// A share of the budget for one answer.
+    fn answer_share(&self) -> AnswerShare {
+        AnswerShare::new(Arc::clone(&self.budget), Holding::default())
+    }
+
     /// Whether the client has closed the connection, without waiting:
     /// bytes already sent (pipelined requests) are kept.
     fn peer_gone(&mut self) -> bool {
@@ -519,7 +525,15 @@ impl Connection {
             if method == "getjob" || method == "getjobs" {
                 tracing::info!("GetJob with Connection: forget can deliver nothing; not run");
             } else {
-                let outcome = run(&self.queue, &request, &caller, &self.tallies.job_requests).await;
+                let share = self.answer_share();
+                let outcome = run(
+                    &self.queue,
+                    &request,
+                    &caller,
+                    &share,
+                    &self.tallies.job_requests,
+                )
+                .await;
                 tracing::debug!(method = %request.method, status = %outcome.status_line, "forgotten command ran");
             }
             return After::Close;
@@ -528,10 +542,12 @@ impl Connection {
         let method = request.method.to_ascii_lowercase();
         let takes_jobs = method == "getjob" || method == "getjobs";
         let mut hung_up = false;
+        // What the answer draws on the budget, held until it has been sent.
+        let share = self.answer_share();
         let answer = {
             let queue = self.queue.clone();
             let tallies = Arc::clone(&self.tallies);
-            let run = run(&queue, &request, &caller, &tallies.job_requests);
+            let run = run(&queue, &request, &caller, &share, &tallies.job_requests);
             tokio::pin!(run);
             // While the command runs (a held GetJob may take minutes), watch
             // the socket: a client that hangs up before its GetJob is
@@ -592,16 +608,18 @@ impl Connection {
     }
 }
 
-/// Runs one request with what its caller may do; a job token's refused
-/// requests are counted in `refused`.
+/// Runs one request with what its caller may do, drawing on `share` for
+/// the jobs it hands out; a job token's refused requests are counted in
+/// `refused`.
 async fn run(
     queue: &Queue,
     request: &Request,
     caller: &Caller,
+    share: &AnswerShare,
     refused: &Tally,
 ) -> commands::Answer {
     match caller {
-        Caller::Full => commands::run(queue, request).await,
+        Caller::Full => commands::run(queue, request, share).await,
         Caller::Job(holder) => job_scope::run(queue, request, holder, refused).await,
     }
 }

@@ -54,10 +54,19 @@ impl From<JobError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        // A busy server is worth asking again shortly.
+        let busy = self.code == "server_busy";
+        let mut response = (
             self.status,
             Json(json!({"code": self.code, "message": self.message})),
         )
-            .into_response()
+            .into_response();
+        if busy {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }

@@ -2,7 +2,7 @@
 //! a request body to a queue call and back.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 
@@ -16,6 +16,7 @@ use super::requests::{
 };
 use crate::protocol::view::labelled_json;
 use crate::protocol::{JobError, JobId, JobState, MAX_BATCH_JOBS, NamePattern, parse_job_id};
+use crate::server::budget::AnswerShare;
 use crate::server::queue::Queue;
 use crate::server::store::ListQuery;
 
@@ -210,11 +211,23 @@ pub async fn untrack(State(queue): State<Queue>, Path(id): Path<String>) -> Answ
     ok()
 }
 
-/// `GET /tracked`: the tracked jobs, in id order, paged by `after`.
+/// `GET /tracked`: the tracked jobs, in id order, paged by `after` and by
+/// size (`nextAfter` when a page was cut short).
 pub async fn tracked(State(queue): State<Queue>, Params(params): Params<TrackedParams>) -> Answer {
     let limit = params.limit.unwrap_or(100);
-    let jobs = queue.tracked(params.after.unwrap_or(0), limit).await?;
-    Ok(Json(json!({"jobs": jobs})))
+    let page = queue
+        .tracked(
+            params.after.unwrap_or(0),
+            limit,
+            super::listen::MAX_PAGE_BYTES,
+        )
+        .await?;
+    let mut answer = Map::new();
+    if let Some(next) = page.next_after {
+        answer.insert("nextAfter".into(), json!(next));
+    }
+    answer.insert("jobs".into(), Value::Array(page.jobs));
+    Ok(Json(Value::Object(answer)))
 }
 
 /// `GET /tags`: the tags on most jobs, most first.
@@ -321,12 +334,17 @@ pub async fn requeue(State(queue): State<Queue>, Body(req): Body<RequeueRequest>
 /// them): they go to the store before the claim, which sees them, and their
 /// results come back beside the jobs; such a dequeue does not wait, so that
 /// the reports are answered at once.
-pub async fn dequeue(State(queue): State<Queue>, Body(mut req): Body<DequeueRequest>) -> Answer {
+pub async fn dequeue(
+    State(queue): State<Queue>,
+    Extension(share): Extension<AnswerShare>,
+    Body(mut req): Body<DequeueRequest>,
+) -> Answer {
     let reports = report_batch::read_all(req.take_reports(), report_batch::MAX_DEQUEUE_REPORTS)?;
     let (cmd, wait) = req.into_command(queue.config().default_lease_ms)?;
     let mut out = Map::new();
     let handouts = if reports.is_empty() {
-        queue.get_jobs(cmd, wait).await?
+        let handouts = queue.get_jobs(cmd, wait).await?;
+        queue.within_budget(handouts, &share).await?
     } else {
         // The reports' writes are submitted when `apply` is first polled
         // (all of them: at most 64), before the claim's, and the store runs
@@ -337,8 +355,12 @@ pub async fn dequeue(State(queue): State<Queue>, Body(mut req): Body<DequeueRequ
         );
         out.insert("results".into(), Value::Array(results));
         // The reports' results are the answer's news: a claim that failed
-        // (the store, a shutdown) hands out nothing, and the next dequeue,
-        // which carries none, hears why.
+        // (the store, a shutdown, the budget) hands out nothing, and the
+        // next dequeue, which carries none, hears why.
+        let handouts = match handouts {
+            Ok(handouts) => queue.within_budget(handouts, &share).await,
+            Err(error) => Err(error),
+        };
         handouts.unwrap_or_else(|error| {
             tracing::warn!(%error, "the claim of a dequeue that carried reports failed; answering with their results and no job");
             Vec::new()

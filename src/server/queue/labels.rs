@@ -18,9 +18,9 @@ use serde_json::{Value, json};
 
 use super::{Queue, Tracked};
 use crate::protocol::tags::MAX_TAGS;
-use crate::protocol::view::labelled_json;
+use crate::protocol::view::{json_len, labelled_json};
 use crate::protocol::{JobError, JobId, Labels, TagChange, UpdateJob};
-use crate::server::store::{ListQuery, Page};
+use crate::server::store::{ByteCount, ListQuery, Page};
 
 /// The most tags `GET /tags` and the tracked list answer at once.
 pub const MAX_LABEL_PAGE: usize = 1000;
@@ -179,17 +179,24 @@ impl Queue {
             .collect())
     }
 
-    /// Up to `limit` tracked jobs with ids above `after`, in id order: a
-    /// job in the queue as QueryJob shows it (with its tags); one that
-    /// ended as its archive entry has it, with `"archived": true`; one that
-    /// is in neither (deleted) as `{"jobID", "state": "GONE"}`. Each has
-    /// `"tracked": true`.
-    pub async fn tracked(&self, after: JobId, limit: usize) -> Result<Vec<Value>, JobError> {
+    /// Up to `limit` tracked jobs with ids above `after`, in id order,
+    /// within about `max_bytes` of JSON (at least one job; the page then
+    /// says where to go on): a job in the queue as QueryJob shows it (with
+    /// its tags); one that ended as its archive entry has it, with
+    /// `"archived": true`; one that is in neither (deleted) as `{"jobID",
+    /// "state": "GONE"}`. Each has `"tracked": true`.
+    pub async fn tracked(
+        &self,
+        after: JobId,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<TrackedPage, JobError> {
         let limit = limit.clamp(1, MAX_LABEL_PAGE);
         self.read(move |tx| {
             let ids = tx.labels().tracked(after, limit)?;
             let labels = tx.labels().of(&ids)?;
-            let mut out = Vec::with_capacity(ids.len());
+            let mut page = TrackedPage::default();
+            let mut bytes = ByteCount::new(max_bytes);
             for (id, labels) in ids.into_iter().zip(labels) {
                 let shown = match tx.get(id)? {
                     Some(job) => Value::Object(labelled_json(&job, &labels)),
@@ -206,12 +213,28 @@ impl Queue {
                         None => json!({"jobID": id, "state": "GONE", "tracked": true}),
                     },
                 };
-                out.push(shown);
+                if !bytes.admit(json_len(&shown), page.jobs.is_empty()) {
+                    page.next_after = page.last;
+                    break;
+                }
+                page.last = Some(id);
+                page.jobs.push(shown);
             }
-            Ok(out)
+            Ok(page)
         })
         .await
     }
+}
+
+/// A page of tracked jobs (see [`Queue::tracked`]).
+#[derive(Debug, Default)]
+pub struct TrackedPage {
+    /// The jobs, in id order.
+    pub jobs: Vec<Value>,
+    /// Set when the page was cut short to keep it small: the last id on
+    /// it, to go on after.
+    pub next_after: Option<JobId>,
+    last: Option<JobId>,
 }
 
 /// The tracked jobs' ids in memory, for the event stream's `tracked`

@@ -3,6 +3,7 @@
 //! for jobs due later, by one timer set to the earliest such moment. Leases
 //! lapse on the same timer.
 
+mod answer_budget;
 mod clock;
 pub mod dependencies;
 mod emit;
@@ -685,6 +686,8 @@ async fn follow_other_servers(
     }
 }
 
+#[cfg(test)]
+mod answer_budget_tests;
 #[cfg(test)]
 mod put_back_tests;
 #[cfg(test)]

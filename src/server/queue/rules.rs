@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use super::emit;
 use super::record::{self, Leaves};
 use super::tracked::Tracked;
+use crate::protocol::MAX_PAGE_BYTES;
 use crate::protocol::view::HandOut;
 use crate::protocol::{
     CreateJob, Data, FailJob, FinishJob, GetJobs, Job, JobError, JobId, JobState, Lease, LeaseTerm,
@@ -16,6 +17,7 @@ use crate::protocol::{
 use crate::server::calendar;
 use crate::server::events::EventKind;
 use crate::server::ledger::failure::is_no_worker_hand_back;
+use crate::server::store::{ByteCount, Take};
 
 /// Hand-outs of a `retryAfter` job without a report after which it fails.
 pub const MAX_RETRY_AFTER_HANDOUTS: i64 = 10;
@@ -164,37 +166,74 @@ fn same_data(stored: &Data, incoming: &Data) -> bool {
 }
 
 /// GetJob(s): hands out up to `num_results` due jobs, best first, each
-/// only while every throttle it matches has room (see `throttles`). A
-/// candidate worn out by [`MAX_RETRY_AFTER_HANDOUTS`] is FAILED and its
-/// place taken by the next due job, so that a claim finds nothing only when
-/// nothing it could take is due (a woken waiter relies on that).
+/// only while every throttle it matches has room (see `throttles`), and
+/// only while the hand-outs fit in [`MAX_PAGE_BYTES`] (by
+/// [`HandOut::answer_bytes`]; the first always does): the jobs past it are
+/// left as they are, queued for the next claim. A candidate worn out by
+/// [`MAX_RETRY_AFTER_HANDOUTS`] is FAILED and its place taken by the next
+/// due job, so that a claim finds nothing only when nothing it could take
+/// is due (a woken waiter relies on that).
 pub fn get_jobs(tx: &mut Tracked, cmd: &GetJobs) -> Result<Vec<HandOut>, JobError> {
     let mut handed = Vec::with_capacity(cmd.num_results.min(1024));
+    let mut bytes = ByteCount::new(MAX_PAGE_BYTES);
     let mut gate = super::throttles::Gate::open(tx, &cmd.pattern)?;
     loop {
-        let want = cmd.num_results - handed.len();
-        let candidates = gate.candidates(tx, &cmd.pattern, cmd.priority, want)?;
+        if bytes.full() {
+            return Ok(handed);
+        }
+        let take = Take {
+            jobs: cmd.num_results - handed.len(),
+            bytes: bytes.left(),
+        };
+        let candidates = gate.candidates(tx, &cmd.pattern, cmd.priority, take)?;
         let found = candidates.len();
         let before = handed.len();
+        let mut answer_full = false;
         for snapshot in candidates {
             let name = snapshot.name.clone();
-            match hand_out(tx, cmd, snapshot)? {
-                Some(handout) => handed.push(handout),
-                None => gate.give_back(&name),
+            if answer_full {
+                gate.give_back(&name);
+                continue;
+            }
+            match hand_out(tx, cmd, snapshot, &mut bytes, handed.is_empty())? {
+                Handed::Out(handout) => handed.push(*handout),
+                Handed::Failed => gate.give_back(&name),
+                Handed::NoRoom => {
+                    gate.give_back(&name);
+                    answer_full = true;
+                }
             }
         }
         // Every candidate handed out (or fewer found than wanted): nothing
         // more is due. A worn-out one left a place to fill: look again (each
         // round FAILs at least one job, so this ends).
-        if handed.len() - before == found || handed.len() == cmd.num_results {
+        if answer_full || handed.len() - before == found || handed.len() == cmd.num_results {
             return Ok(handed);
         }
     }
 }
 
-/// Hands out one due job under a lease, or FAILs it (`None`) when it is a
+/// What became of a candidate.
+enum Handed {
+    /// Handed out under a lease.
+    Out(Box<HandOut>),
+    /// FAILed: a `retryAfter` job handed out [`MAX_RETRY_AFTER_HANDOUTS`]
+    /// times already.
+    Failed,
+    /// Left as it was: the answer has no room for it.
+    NoRoom,
+}
+
+/// Hands out one due job under a lease, if its hand-out fits in what is
+/// left of `bytes` (or is the `first`), or FAILs it when it is a
 /// `retryAfter` job handed out [`MAX_RETRY_AFTER_HANDOUTS`] times already.
-fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<HandOut>, JobError> {
+fn hand_out(
+    tx: &mut Tracked,
+    cmd: &GetJobs,
+    snapshot: Job,
+    bytes: &mut ByteCount,
+    first: bool,
+) -> Result<Handed, JobError> {
     let now = tx.now;
     let mut job = snapshot.clone();
     if !job.retry_after.is_empty()
@@ -207,7 +246,7 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
         tx.update(&job)?;
         record::no_report(tx, &job)?;
         emit::reported(tx, EventKind::Failed, &job, job.state, "no_report", None);
-        return Ok(None);
+        return Ok(Handed::Failed);
     }
 
     let parent_data = if job.is_child() {
@@ -230,10 +269,25 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
         }
     }
 
+    let mut handout = HandOut {
+        job: snapshot,
+        parent_data,
+        finished_children,
+        cancelled_children,
+        lease_token: String::new(),
+        lease_expires: None,
+        lease_term_ms: None,
+        attempt: 0,
+    };
+    if !bytes.admit(handout.answer_bytes(), first) {
+        return Ok(Handed::NoRoom);
+    }
+    let due = handout.job.next_run;
+
     let token = new_token();
     tx.store().keep_before_handout(job.id, &token)?;
     job.last_run = Some(now.whole_second());
-    job.scheduled_run = Some(snapshot.next_run);
+    job.scheduled_run = Some(due);
     job.attempts += 1;
     if job.retry_after.is_empty() {
         job.state = JobState::Running;
@@ -254,11 +308,11 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
             .ok()
             .and_then(|ra| calendar::apply(now, &ra.modifiers))
             .unwrap_or(now.plus_millis(3_600_000));
-        let repeat_at = repeat_time(&job, &job.repeat, snapshot.next_run, now);
+        let repeat_at = repeat_time(&job, &job.repeat, due, now);
         let next = repeat_at.map_or(retry_at, |r| r.min(retry_at));
         job.state = JobState::Runqueued;
         job.next_run = next;
-        note_retry_after_handout(&mut job, snapshot.next_run);
+        note_retry_after_handout(&mut job, due);
         let term = (next.0 - now.0).max(1000);
         job.lease = Some(Lease {
             token: token.clone(),
@@ -267,20 +321,13 @@ fn hand_out(tx: &mut Tracked, cmd: &GetJobs, snapshot: Job) -> Result<Option<Han
         });
     }
     tx.update(&job)?;
-    record::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref())?;
-    emit::handed_out(tx, &job, snapshot.next_run, cmd.worker.as_ref());
-    let lease_expires = job.lease.as_ref().and_then(|l| l.expires);
-    let lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
-    Ok(Some(HandOut {
-        job: snapshot,
-        parent_data,
-        finished_children,
-        cancelled_children,
-        lease_token: token,
-        lease_expires,
-        lease_term_ms,
-        attempt: job.attempts,
-    }))
+    record::handed_out(tx, &job, due, cmd.worker.as_ref())?;
+    emit::handed_out(tx, &job, due, cmd.worker.as_ref());
+    handout.lease_expires = job.lease.as_ref().and_then(|l| l.expires);
+    handout.lease_term_ms = job.lease.as_ref().and_then(|l| l.term_ms);
+    handout.lease_token = token;
+    handout.attempt = job.attempts;
+    Ok(Handed::Out(Box::new(handout)))
 }
 
 /// Bedrock's bookkeeping in the data of a `retryAfter` job handed out while

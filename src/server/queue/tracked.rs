@@ -3,7 +3,7 @@
 //! is committed, without any rule having to remember to.
 
 use crate::protocol::{Job, JobError, JobId, JobState, NamePattern, Priority, Timestamp};
-use crate::server::store::{ReadyJob, StoreTx};
+use crate::server::store::{ReadyJob, StoreTx, Take};
 
 use super::throttles::Holds;
 use super::waiters::{DueJob, FreedSlot};
@@ -221,15 +221,16 @@ impl<'a> Tracked<'a> {
         self.store.find_by_name(name)
     }
 
-    /// Jobs that may be handed out now.
+    /// Jobs that may be handed out now, as many as `take` allows.
     pub fn ready(
         &mut self,
         pattern: &NamePattern,
         priority: Option<Priority>,
-        limit: usize,
+        take: Take,
     ) -> Result<Vec<Job>, JobError> {
         let now = self.now;
-        self.store.ready(pattern, priority, now, limit)
+        self.store
+            .ready(pattern, priority, now, take.jobs, take.bytes)
     }
 
     /// Every child of a job.

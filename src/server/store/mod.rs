@@ -23,6 +23,7 @@ mod sqlite_ledger;
 mod sqlite_sessions;
 mod sqlite_throttles;
 mod throttles;
+mod within_bytes;
 mod write_health;
 
 pub use archive_listing::ArchiveQuery;
@@ -31,6 +32,7 @@ pub use labels::LabelTx;
 pub use ledger::{LedgerTx, PurgeLimits};
 pub use sessions::SessionTx;
 pub use throttles::{Throttle, ThrottleTx};
+pub use within_bytes::{ByteCount, Take};
 
 pub use postgres::{DatabaseClock, PgOpenError, PgStore, redacted as postgres_url_redacted};
 pub use sqlite::SqliteStore;
@@ -123,14 +125,17 @@ pub trait StoreTx {
     /// The oldest job with exactly this name.
     fn find_by_name(&mut self, name: &str) -> Result<Option<Job>, JobError>;
     /// Up to `limit` jobs that may be handed out at `now`, best first:
-    /// priority descending, then `nextRun` ascending. Jobs parked behind a
-    /// full throttle are left out (see [`ThrottleTx`]).
+    /// priority descending, then `nextRun` ascending, within `max_bytes`
+    /// of names and data as stored (at least one job; see [`ByteCount`]),
+    /// so that a claim of many big jobs never reads them all. Jobs parked
+    /// behind a full throttle are left out (see [`ThrottleTx`]).
     fn ready(
         &mut self,
         pattern: &NamePattern,
         priority: Option<Priority>,
         now: Timestamp,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Job>, JobError>;
     /// Every child of a job. Not locked against other servers: a change
     /// of a child that matters to its parent locks the parent first (see

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use thiserror::Error;
 
 use super::write_health::WriteHealth;
-use super::{ListQuery, ReadOp, Reply, Store, StoreTx, WriteOp};
+use super::{ByteCount, ListQuery, ReadOp, Reply, Store, StoreTx, WriteOp};
 use crate::protocol::{
     Data, Job, JobError, JobId, JobState, Lease, NamePattern, Priority, Timestamp,
 };
@@ -422,6 +422,7 @@ impl StoreTx for FailingTx {
         _: Option<Priority>,
         _: Timestamp,
         _: usize,
+        _: usize,
     ) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())
     }
@@ -559,6 +560,18 @@ impl SqliteTx<'_> {
         let rows = statement.query_map(params, read_job).map_err(store_error)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
     }
+}
+
+/// The stored length of a job row's name and data (columns 1 and 3 of
+/// [`COLUMNS`]), read before they are.
+pub(super) fn stored_size(row: &Row<'_>) -> usize {
+    [1, 3]
+        .iter()
+        .map(|&i| {
+            row.get_ref(i)
+                .map_or(0, |v| v.as_bytes().map_or(0, <[u8]>::len))
+        })
+        .sum()
 }
 
 pub(super) fn read_job(row: &Row<'_>) -> rusqlite::Result<Job> {
@@ -740,6 +753,7 @@ impl StoreTx for SqliteTx<'_> {
         priority: Option<Priority>,
         now: Timestamp,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Job>, JobError> {
         // One query per priority, each an index range on (priority, next_run),
         // so that jobs scheduled for later never have to be stepped over.
@@ -759,12 +773,22 @@ impl StoreTx for SqliteTx<'_> {
             None => Priority::ALL.to_vec(),
         };
         let mut found = Vec::new();
+        let mut bytes = ByteCount::new(max_bytes);
         for p in priorities {
             let wanted = limit - found.len();
-            if wanted == 0 {
+            if wanted == 0 || bytes.full() {
                 break;
             }
-            found.extend(self.query_jobs(&sql, params![p, now.0, name_param, wanted as i64])?);
+            let mut statement = self.conn.prepare_cached(&sql).map_err(store_error)?;
+            let mut rows = statement
+                .query(params![p, now.0, name_param, wanted as i64])
+                .map_err(store_error)?;
+            while let Some(row) = rows.next().map_err(store_error)? {
+                if !bytes.admit(stored_size(row), found.is_empty()) {
+                    break;
+                }
+                found.push(read_job(row).map_err(store_error)?);
+            }
         }
         Ok(found)
     }
@@ -846,18 +870,9 @@ impl StoreTx for SqliteTx<'_> {
             .query(rusqlite::params_from_iter(params))
             .map_err(store_error)?;
         let mut page = super::Page::default();
-        let mut bytes = 0usize;
+        let mut bytes = ByteCount::new(query.max_bytes);
         while let Some(row) = rows.next().map_err(store_error)? {
-            // The name's and data's stored length, before they are read.
-            let size: usize = [1, 3]
-                .iter()
-                .map(|&i| {
-                    row.get_ref(i)
-                        .map_or(0, |v| v.as_bytes().map_or(0, <[u8]>::len))
-                })
-                .sum();
-            bytes += size;
-            if query.max_bytes > 0 && bytes > query.max_bytes && !page.jobs.is_empty() {
+            if !bytes.admit(stored_size(row), page.jobs.is_empty()) {
                 page.cut = true;
                 break;
             }
@@ -1096,7 +1111,7 @@ mod tests {
                 NamePattern::Glob("*".into()),
                 NamePattern::List(vec![format!("exact-{round}")]),
             ] {
-                tx.ready(&pattern, None, Timestamp(round), 10).unwrap();
+                tx.ready(&pattern, None, Timestamp(round), 10, 0).unwrap();
             }
             tx.children(round).unwrap();
             tx.get(round).unwrap();

@@ -6,8 +6,9 @@ use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter};
 
 use super::listing::{WILDCARDS, after_prefix};
-use super::sqlite::{COLUMNS, FailingTx, SqliteTx, read_job, store_error};
+use super::sqlite::{COLUMNS, FailingTx, SqliteTx, read_job, store_error, stored_size};
 use super::throttles::{Throttle, ThrottleTx, held_condition};
+use super::{ByteCount, Take};
 use crate::protocol::{Job, JobError, JobId, NamePattern, Priority, Timestamp};
 
 fn read_throttles(
@@ -214,13 +215,13 @@ impl ThrottleTx for SqliteTx<'_> {
         pattern: &NamePattern,
         priority: Option<Priority>,
         now: Timestamp,
-        limit: usize,
+        take: Take,
         _lock: bool,
     ) -> Result<Vec<Job>, JobError> {
         let mut params = vec![
             Value::Text(glob.to_string()),
             Value::Integer(now.0),
-            Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+            Value::Integer(i64::try_from(take.jobs).unwrap_or(i64::MAX)),
         ];
         let name = name_clause(pattern, &mut params)?;
         let priority = match priority {
@@ -236,10 +237,18 @@ impl ThrottleTx for SqliteTx<'_> {
              ORDER BY priority DESC, next_run, job_id LIMIT ?3"
         );
         let mut statement = self.conn.prepare_cached(&sql).map_err(store_error)?;
-        let rows = statement
-            .query_map(params_from_iter(params), read_job)
+        let mut rows = statement
+            .query(params_from_iter(params))
             .map_err(store_error)?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(store_error)
+        let mut found = Vec::new();
+        let mut bytes = ByteCount::new(take.bytes);
+        while let Some(row) = rows.next().map_err(store_error)? {
+            if !bytes.admit(stored_size(row), found.is_empty()) {
+                break;
+            }
+            found.push(read_job(row).map_err(store_error)?);
+        }
+        Ok(found)
     }
 
     fn count_held_back(
@@ -307,7 +316,7 @@ impl ThrottleTx for FailingTx {
         _: &NamePattern,
         _: Option<Priority>,
         _: Timestamp,
-        _: usize,
+        _: Take,
         _: bool,
     ) -> Result<Vec<Job>, JobError> {
         Err(self.0.clone())

@@ -8,6 +8,7 @@
 //! throttle's parked jobs (an index range of their own, best first) only
 //! while that throttle has room. Any write of a job unparks it.
 
+use super::Take;
 use crate::protocol::{Job, JobError, JobId, NamePattern, Priority, Timestamp};
 
 /// One throttle.
@@ -47,17 +48,17 @@ pub trait ThrottleTx {
     /// Parks every ready job not parked yet whose name matches `glob`
     /// (behind it); returns how many.
     fn park_matching(&mut self, glob: &str) -> Result<u64, JobError>;
-    /// Up to `limit` jobs parked behind `glob` that are due at `now` and
-    /// match `pattern` (and `priority`), best first. With `lock`, in a
-    /// write transaction, rows other servers hold are skipped and those
-    /// returned are locked.
+    /// As many jobs as `take` allows (at least one) parked behind `glob`
+    /// that are due at `now` and match `pattern` (and `priority`), best
+    /// first. With `lock`, in a write transaction, rows other servers hold
+    /// are skipped and those returned are locked.
     fn parked_jobs(
         &mut self,
         glob: &str,
         pattern: &NamePattern,
         priority: Option<Priority>,
         now: Timestamp,
-        limit: usize,
+        take: Take,
         lock: bool,
     ) -> Result<Vec<Job>, JobError>;
     /// How many jobs (up to `limit`) `glob` holds back at `now` that match

@@ -3,14 +3,16 @@
 //! server, drawn on while a body is read and held until its request ends.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
+
+pub use crate::server::budget::Holding;
 
 /// Bytes of each request's body that do not draw on the shared budget, so
 /// that small requests are served while big uploads hold all of it.
@@ -36,42 +38,6 @@ pub enum BodyError {
     /// The connection failed.
     #[error("request body could not be read: {0}")]
     Read(#[from] hyper::Error),
-}
-
-/// The share of the server's byte budget one request holds, in KiB; given
-/// back when the request ends (when the last clone is dropped).
-#[derive(Clone, Default)]
-pub struct Holding(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
-
-impl Holding {
-    /// KiB held.
-    fn kib(&self) -> usize {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, OwnedSemaphorePermit::num_permits)
-    }
-
-    /// Takes `kib` more from `budget` without waiting; false if it has not
-    /// that much left.
-    pub fn take(&self, budget: &Arc<Semaphore>, kib: usize) -> bool {
-        if kib == 0 {
-            return true;
-        }
-        let Ok(count) = u32::try_from(kib) else {
-            return false;
-        };
-        let Ok(permit) = Arc::clone(budget).try_acquire_many_owned(count) else {
-            return false;
-        };
-        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match held.as_mut() {
-            Some(existing) => existing.merge(permit),
-            None => *held = Some(permit),
-        }
-        true
-    }
 }
 
 /// KiB that cover `bytes` beyond [`FREE_BODY`].

@@ -3,7 +3,8 @@
 //! have not passed the token check are second-class, see
 //! [`crate::server::admission`]), a deadline for each
 //! request's head and body, an idle timeout, per-request body limits and one
-//! byte budget for request bodies and listing pages across the server.
+//! byte budget for request bodies, listing pages and hand-outs across the
+//! server.
 //!
 //! A connection is never closed without a word while it has a request to
 //! answer: one over the caps is answered `503` before it is closed, and one
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::server::ByteBudget;
+use crate::server::budget::{ANSWER_COPIES, AnswerShare};
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::{Method, Request, StatusCode, header};
@@ -52,11 +54,11 @@ use budget::{Bounded, Holding, kib_beyond_free};
 
 /// The most bytes of job data one listing page holds; a page that would
 /// hold more stops early and says where to continue.
-pub const MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
+pub use crate::protocol::MAX_PAGE_BYTES;
 
 /// What a listing request holds of the budget while its page is built and
 /// sent: the rows, their JSON values and the encoded page.
-pub const PAGE_RESERVE: usize = 3 * MAX_PAGE_BYTES;
+pub const PAGE_RESERVE: usize = ANSWER_COPIES * MAX_PAGE_BYTES;
 
 /// The bytes hyper buffers per connection for reading (and, separately,
 /// for writing).
@@ -423,6 +425,7 @@ fn builds_page(method: &Method, path: &str) -> bool {
     matches!(
         segments.as_slice(),
         ["jobs"]
+            | ["tracked"]
             | ["archive"]
             | ["jobs", _, "history"]
             | ["failures"]
@@ -433,17 +436,14 @@ fn builds_page(method: &Method, path: &str) -> bool {
     )
 }
 
+/// `503 server_busy`, with `Retry-After` (see [`ApiError`]'s answer).
 fn busy() -> Response {
-    let mut response = ApiError::new(
+    ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "server_busy",
         BodyError::OverBudget.to_string(),
     )
-    .into_response();
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-    response
+    .into_response()
 }
 
 /// Marks an answer as the connection's last (its request's body was not
@@ -528,6 +528,12 @@ async fn handle(
     parts.extensions.insert(ConnectInfo(peer));
     parts.extensions.insert(Proof(ticket));
     parts.extensions.insert(hangup);
+    // What the answer holds beyond the reserve (the jobs a dequeue hands
+    // out) is drawn into the request's share too.
+    parts.extensions.insert(AnswerShare::new(
+        Arc::clone(&shared.budget),
+        holding.clone(),
+    ));
     let body = Bounded::new(
         body,
         limit,

@@ -12,7 +12,7 @@ use super::may_overlap;
 use crate::protocol::pattern::glob_matches;
 use crate::protocol::{Job, JobError, NamePattern, Priority};
 use crate::server::queue::tracked::Tracked;
-use crate::server::store::Throttle;
+use crate::server::store::{Take, Throttle};
 
 /// One throttle as a claim counts against it.
 #[derive(Debug)]
@@ -80,20 +80,23 @@ impl Gate {
         Ok(slot.max - held - slot.taken)
     }
 
-    /// Up to `want` jobs this claim may hand out, best first: ready jobs
-    /// and jobs parked behind throttles with room, each of whose throttles
-    /// has room for it (its slots are counted as taken). Jobs held back are
-    /// parked behind the full throttle.
+    /// Up to `take.jobs` jobs this claim may hand out, best first: ready
+    /// jobs and jobs parked behind throttles with room, each of whose
+    /// throttles has room for it (its slots are counted as taken). Jobs
+    /// held back are parked behind the full throttle. Each read is bounded
+    /// by `take.bytes`, so that a claim of many big jobs never reads them
+    /// all at once.
     pub fn candidates(
         &mut self,
         tx: &mut Tracked,
         pattern: &NamePattern,
         priority: Option<Priority>,
-        want: usize,
+        take: Take,
     ) -> Result<Vec<Job>, JobError> {
         if self.slots.is_empty() {
-            return tx.ready(pattern, priority, want);
+            return tx.ready(pattern, priority, take);
         }
+        let want = take.jobs;
         let now = tx.now;
         let mut chosen: Vec<Job> = Vec::new();
         // Each round parks every job it holds back behind a throttle
@@ -103,14 +106,14 @@ impl Gate {
         // (they are handed out after this returns): each round asks for
         // `want` and leaves those out.
         loop {
-            let mut pool = tx.ready(pattern, priority, want)?;
+            let mut pool = tx.ready(pattern, priority, take)?;
             for i in 0..self.slots.len() {
                 if self.room(tx, i)? > 0 {
                     let glob = self.slots[i].glob.clone();
                     pool.extend(
                         tx.store()
                             .throttles()
-                            .parked_jobs(&glob, pattern, priority, now, want, true)?,
+                            .parked_jobs(&glob, pattern, priority, now, take, true)?,
                     );
                 }
             }

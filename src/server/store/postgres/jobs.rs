@@ -14,7 +14,7 @@ use super::{PgTx, corrupt, notify};
 use crate::protocol::{
     Data, Job, JobError, JobId, JobState, Lease, NamePattern, Priority, Timestamp,
 };
-use crate::server::store::{ListQuery, Page, ReadyJob, StoreTx};
+use crate::server::store::{ByteCount, ListQuery, Page, ReadyJob, StoreTx};
 
 /// The columns of a job, in the order [`read_job`] reads them.
 pub(super) const COLUMNS: &str = "job_id, name, state, data, priority, created, next_run, last_run, repeat, \
@@ -69,6 +69,27 @@ pub(super) fn read_job(row: &Row) -> Result<Job, JobError> {
 
 pub(super) fn read_jobs(rows: Vec<Row>) -> Result<Vec<Job>, JobError> {
     rows.iter().map(read_job).collect()
+}
+
+/// The jobs of `rows` (each [`COLUMNS`] and then its stored size) that
+/// `bytes` admits, in order, `taken` jobs having been taken before them.
+pub(super) fn read_within(
+    rows: Vec<Row>,
+    bytes: &mut ByteCount,
+    taken: usize,
+) -> Result<Vec<Job>, JobError> {
+    let mut jobs = Vec::new();
+    for row in &rows {
+        let size: i64 = row
+            .try_get::<_, Option<i64>>(17)
+            .map_err(|e| corrupt("size", e))?
+            .unwrap_or(0);
+        if !bytes.admit(usize::try_from(size).unwrap_or(0), taken + jobs.len() == 0) {
+            break;
+        }
+        jobs.push(read_job(row)?);
+    }
+    Ok(jobs)
 }
 
 /// A row count as SQL's `LIMIT` takes it: `usize::MAX` (no bound) would
@@ -261,14 +282,21 @@ impl StoreTx for PgTx<'_> {
         priority: Option<Priority>,
         now: Timestamp,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Job>, JobError> {
         // One query per priority, each an index range on (priority,
         // next_run), so that jobs scheduled for later are never stepped
-        // over; rows another server is claiming are skipped.
+        // over; rows another server is claiming are skipped. The rows'
+        // sizes (names and data as stored) are summed by the database,
+        // which sends no row past the first that goes over `max_bytes`:
+        // a claim of many big jobs never reads them all. (Rows left out
+        // stay locked until the claim commits; other servers skip them
+        // meanwhile, as they skip every row this claim locked.)
         let mut params = Params::default();
         let priority_mark = params.push(0i64);
         let now_mark = params.push(now.0);
         let limit_mark = params.push(0i64);
+        let bytes_mark = params.push(0i64);
         let name = name_condition(pattern, &mut params);
         let lock = if self.locking {
             " FOR UPDATE SKIP LOCKED"
@@ -276,23 +304,34 @@ impl StoreTx for PgTx<'_> {
             ""
         };
         let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE {READY} AND held_back_by IS NULL AND priority = {priority_mark} \
-             AND next_run <= {now_mark} AND {name} ORDER BY next_run, job_id LIMIT {limit_mark}{lock}"
+            "WITH locked AS ( \
+               SELECT job_id, next_run, octet_length(name) + octet_length(data) AS size FROM jobs \
+               WHERE {READY} AND held_back_by IS NULL AND priority = {priority_mark} \
+               AND next_run <= {now_mark} AND {name} ORDER BY next_run, job_id LIMIT {limit_mark}{lock}), \
+             sized AS (SELECT job_id, size, SUM(size) OVER (ORDER BY next_run, job_id) AS running \
+               FROM locked) \
+             SELECT {COLUMNS}, size::bigint FROM jobs JOIN sized USING (job_id) \
+             WHERE running - size < {bytes_mark}::bigint ORDER BY running"
         );
         let priorities: Vec<i64> = match priority {
             Some(p) => vec![p.value()],
             None => Priority::ALL.to_vec(),
         };
         let mut found = Vec::new();
+        let mut bytes = ByteCount::new(max_bytes);
         for p in priorities {
             let wanted = sql_limit(limit - found.len());
-            if wanted == 0 {
+            if wanted == 0 || bytes.full() {
                 break;
             }
+            let left = sql_limit(bytes.left());
             let mut refs = params.refs();
             refs[0] = &p;
             refs[2] = &wanted;
-            found.extend(read_jobs(self.query(&sql, &refs)?)?);
+            refs[3] = &left;
+            let rows = self.query(&sql, &refs)?;
+            let taken = read_within(rows, &mut bytes, found.len())?;
+            found.extend(taken);
         }
         Ok(found)
     }

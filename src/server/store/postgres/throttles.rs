@@ -8,10 +8,11 @@
 use postgres::types::ToSql;
 
 use super::glob::{Params, name_condition};
-use super::jobs::{COLUMNS, read_jobs, sql_limit};
+use super::jobs::{COLUMNS, read_within, sql_limit};
 use super::{PgTx, corrupt};
 use crate::protocol::{Job, JobError, JobId, NamePattern, Priority, Timestamp};
 use crate::server::store::throttles::{Throttle, ThrottleTx, held_condition};
+use crate::server::store::{ByteCount, Take};
 
 fn read_throttles(rows: &[postgres::Row]) -> Result<Vec<Throttle>, JobError> {
     rows.iter()
@@ -106,13 +107,15 @@ impl ThrottleTx for PgTx<'_> {
         pattern: &NamePattern,
         priority: Option<Priority>,
         now: Timestamp,
-        limit: usize,
+        take: Take,
         lock: bool,
     ) -> Result<Vec<Job>, JobError> {
         let mut params = Params::default();
         let glob_mark = params.push(glob.to_string());
         let now_mark = params.push(now.0);
-        let limit_mark = params.push(sql_limit(limit));
+        let limit_mark = params.push(sql_limit(take.jobs));
+        let mut bytes = ByteCount::new(take.bytes);
+        let bytes_mark = params.push(sql_limit(bytes.left()));
         let name = name_condition(pattern, &mut params);
         let priority = match priority {
             Some(p) => format!(" AND priority = {}", params.push(p.value())),
@@ -123,12 +126,19 @@ impl ThrottleTx for PgTx<'_> {
         } else {
             ""
         };
+        // Sized by the database, as `ready` is (see there).
         let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE held_back_by = {glob_mark} \
-             AND state IN ('QUEUED', 'RUNQUEUED') AND next_run <= {now_mark} AND {name}{priority} \
-             ORDER BY priority DESC, next_run, job_id LIMIT {limit_mark}{lock}"
+            "WITH locked AS ( \
+               SELECT job_id, priority, next_run, octet_length(name) + octet_length(data) AS size \
+               FROM jobs WHERE held_back_by = {glob_mark} \
+               AND state IN ('QUEUED', 'RUNQUEUED') AND next_run <= {now_mark} AND {name}{priority} \
+               ORDER BY priority DESC, next_run, job_id LIMIT {limit_mark}{lock}), \
+             sized AS (SELECT job_id, size, \
+               SUM(size) OVER (ORDER BY priority DESC, next_run, job_id) AS running FROM locked) \
+             SELECT {COLUMNS}, size::bigint FROM jobs JOIN sized USING (job_id) \
+             WHERE running - size < {bytes_mark}::bigint ORDER BY running"
         );
-        read_jobs(self.query(&sql, &params.refs())?)
+        read_within(self.query(&sql, &params.refs())?, &mut bytes, 0)
     }
 
     fn count_held_back(
