@@ -21,6 +21,13 @@ pub fn byte_budget(bytes: usize) -> ByteBudget {
 /// read, their JSON values and the encoded answer.
 pub const ANSWER_COPIES: usize = 3;
 
+/// The most one job's answer draws: a page's reserve, which the budget
+/// always holds (a server refuses to start with less). A job bigger than a
+/// page (its data with its children's) is handed out alone, as the first of
+/// its answer; drawing all it costs would never fit, and it would be put
+/// back at every claim, holding up every job behind it.
+pub const ANSWER_MOST: usize = ANSWER_COPIES * crate::protocol::MAX_PAGE_BYTES;
+
 /// The share of the budget one request holds, in KiB; given back when the
 /// request ends (when the last clone is dropped).
 #[derive(Clone, Default)]
@@ -72,10 +79,13 @@ impl AnswerShare {
     }
 
     /// Draws what an answer holding `bytes` of jobs costs
-    /// ([`ANSWER_COPIES`] times them); false, drawing nothing, if the
-    /// budget has not that much left.
+    /// ([`ANSWER_COPIES`] times them, at most [`ANSWER_MOST`]); false,
+    /// drawing nothing, if the budget has not that much left.
     pub fn draw(&self, bytes: usize) -> bool {
-        let kib = bytes.saturating_mul(ANSWER_COPIES).div_ceil(1024);
+        let kib = bytes
+            .saturating_mul(ANSWER_COPIES)
+            .min(ANSWER_MOST)
+            .div_ceil(1024);
         self.holding.take(&self.budget, kib)
     }
 }
@@ -94,5 +104,14 @@ mod tests {
         assert_eq!(budget.available_permits(), 0);
         drop(share);
         assert_eq!(budget.available_permits(), 3 * 1024, "all given back");
+    }
+
+    #[test]
+    fn a_job_bigger_than_the_budget_draws_a_pages_reserve_and_fits_an_idle_budget() {
+        let budget = byte_budget(ANSWER_MOST);
+        let share = AnswerShare::new(Arc::clone(&budget), Holding::default());
+        assert!(share.draw(ANSWER_MOST), "three times the budget, capped");
+        assert_eq!(budget.available_permits(), 0);
+        assert!(!share.draw(1), "nothing is left beside it");
     }
 }

@@ -278,3 +278,47 @@ fn a_tracked_list_of_big_jobs_is_paged_under_8_mib() {
     // Ids are distinct: nothing twice.
     assert_eq!(seen.iter().collect::<BTreeSet<_>>().len(), ids.len());
 }
+
+/// A job whose answer alone outgrows a page (a parent resumed with the
+/// data of its finished children) is still handed out, alone, by an idle
+/// server of the smallest budget: drawing all its answer costs would never
+/// fit, so it was put back at every claim, and every job behind it waited.
+#[test]
+fn a_parent_whose_childrens_data_outgrow_a_page_is_still_handed_out() {
+    let server = Server::builder()
+        .arg("--http-body-budget")
+        .arg("24MiB")
+        .start();
+    let api = server.api();
+    let parent = api.create(json!({"name": "Parent"}));
+    assert_eq!(api.take("Parent")["jobID"], parent);
+    let blob = "x".repeat(900 * 1024);
+    let children: Vec<i64> = (0..12)
+        .map(|i| {
+            api.create(
+                json!({"name": "Child", "parentJobID": parent, "data": {"blob": blob, "i": i}}),
+            )
+        })
+        .collect();
+    let (status, answer) = api.post(&format!("/jobs/{parent}/finish"), json!({}));
+    assert_eq!(status, 200, "{answer}");
+    for _ in &children {
+        let child = api.take("Child");
+        let (status, answer) = api.post(&format!("/jobs/{}/finish", child["jobID"]), json!({}));
+        assert_eq!(status, 200, "{answer}");
+    }
+    poll("the parent to be queued again", || {
+        (api.state(parent).as_deref() == Some("QUEUED")).then_some(())
+    });
+    let behind = api.create(json!({"name": "Parent-behind", "priority": 0}));
+
+    let (status, answer) = api.post("/dequeue", json!({"name": "Parent*", "numResults": 10}));
+    assert_eq!(status, 200, "{answer}");
+    let jobs = answer["jobs"].as_array().expect("jobs").clone();
+    assert_eq!(ids_of(&jobs), [parent], "the parent, alone");
+    assert!(
+        answer.to_string().len() > PAGE_BOUND,
+        "its answer outgrows a page"
+    );
+    assert_eq!(api.take("Parent-behind")["jobID"], behind);
+}
