@@ -12,6 +12,7 @@ use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use super::login_backoff::Attempt;
 use super::session::{self, Session};
 use super::{Ui, now_secs};
 use crate::protocol::{Priority, RequeueJobs, UpdateJob, parse_job_id};
@@ -102,12 +103,19 @@ pub async fn login(State(ui): State<Ui>, request: Request) -> Response {
         Ok(fields) => fields,
         Err(response) => return closing(response),
     };
-    if let Some(wait) = peer.and_then(|ip| ui.backoff.waiting(ip, Instant::now())) {
+    let given = fields.get("token").map_or("", |t| t.trim());
+    let attempt = match peer {
+        Some(ip) => ui
+            .backoff
+            .attempt(ip, Instant::now(), || ui.token.matches(given)),
+        None if ui.token.matches(given) => Attempt::Right,
+        None => Attempt::Wrong(Duration::ZERO),
+    };
+    if let Attempt::Paused(wait) = attempt {
         return too_soon(&ui, wait);
     }
-    let given = fields.get("token").map_or("", |t| t.trim());
-    if !ui.token.matches(given) {
-        let pause = peer.map(|ip| ui.backoff.failed(ip, Instant::now()));
+    if let Attempt::Wrong(pause) = attempt {
+        let pause = peer.map(|_| pause);
         let mut message = "That is not this server's token. It is the text in the file `token` \
                            beside the server's database (or its --token)."
             .to_string();
@@ -120,9 +128,6 @@ pub async fn login(State(ui): State<Ui>, request: Request) -> Response {
         let mut response = ui.templates.login(Some(&message));
         *response.status_mut() = StatusCode::UNAUTHORIZED;
         return closing(response);
-    }
-    if let Some(ip) = peer {
-        ui.backoff.succeeded(ip);
     }
     if let Some(proof) = proof {
         proof.prove();

@@ -3,7 +3,9 @@
 //! with each wrong token after it, up to [`MAX_PAUSE`]. While it waits,
 //! every login from it is answered `429` without the token being looked
 //! at, so that trying faster, or on many connections at once, tests no more
-//! tokens. A right token forgets the address's wrong ones, and so does
+//! tokens: a login is looked at in one step with the pause it may start
+//! ([`LoginBackoff::attempt`]), so logins sent at once are looked at one at
+//! a time. A right token forgets the address's wrong ones, and so does
 //! [`FORGET_AFTER`] without a wrong one.
 //!
 //! Addresses are the connection buckets of [`crate::server::admission`]
@@ -47,6 +49,17 @@ pub struct LoginBackoff {
     addresses: Mutex<HashMap<IpAddr, Strikes>>,
 }
 
+/// What became of a login ([`LoginBackoff::attempt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// The right token.
+    Right,
+    /// A wrong token, and the pause it starts.
+    Wrong(Duration),
+    /// Not looked at: the address waits this much longer.
+    Paused(Duration),
+}
+
 /// The pause after `count` wrong tokens in a row.
 fn pause_after(count: u32) -> Duration {
     let doublings = count.saturating_sub(1).min(16);
@@ -66,10 +79,33 @@ impl LoginBackoff {
         (strikes.until > now).then(|| strikes.until - now)
     }
 
-    /// Counts a wrong token from `ip`; returns the pause it starts.
-    pub fn failed(&self, ip: IpAddr, now: Instant) -> Duration {
+    /// Looks at a login from `ip` (`right` tells whether its token is
+    /// right), in one step with the pause it may start, so that logins
+    /// sent at once on many connections are looked at one at a time: a
+    /// login during a pause is not looked at (`Paused`, with what is left
+    /// of it); a wrong token starts the next pause (`Wrong`, with it); a
+    /// right one forgets the address's wrong ones.
+    pub fn attempt(&self, ip: IpAddr, now: Instant, right: impl FnOnce() -> bool) -> Attempt {
         let mut addresses = self.lock();
         let key = bucket(ip);
+        if let Some(strikes) = addresses.get(&key)
+            && strikes.until > now
+        {
+            return Attempt::Paused(strikes.until - now);
+        }
+        if right() {
+            addresses.remove(&key);
+            return Attempt::Right;
+        }
+        Attempt::Wrong(Self::strike(&mut addresses, key, now))
+    }
+
+    /// Counts a wrong token from `ip`; returns the pause it starts.
+    pub fn failed(&self, ip: IpAddr, now: Instant) -> Duration {
+        Self::strike(&mut self.lock(), bucket(ip), now)
+    }
+
+    fn strike(addresses: &mut HashMap<IpAddr, Strikes>, key: IpAddr, now: Instant) -> Duration {
         if !addresses.contains_key(&key) && addresses.len() >= MAX_ADDRESSES {
             addresses.retain(|_, s| now.saturating_duration_since(s.last) < FORGET_AFTER);
             if addresses.len() >= MAX_ADDRESSES {
@@ -147,6 +183,33 @@ mod tests {
             backoff.failed(ip("2001:db8::2"), much_later),
             FIRST_PAUSE,
             "forgotten after a quiet while"
+        );
+    }
+
+    #[test]
+    fn a_login_during_a_pause_is_not_looked_at_and_one_is_looked_at_a_time() {
+        let backoff = LoginBackoff::default();
+        let now = Instant::now();
+        let one = ip("10.0.0.1");
+        assert_eq!(
+            backoff.attempt(one, now, || false),
+            Attempt::Wrong(FIRST_PAUSE)
+        );
+        // Sent at once beside it: within its pause, its token unread.
+        let looked = std::cell::Cell::new(false);
+        let attempt = backoff.attempt(one, now, || {
+            looked.set(true);
+            true
+        });
+        assert_eq!(attempt, Attempt::Paused(FIRST_PAUSE));
+        assert!(!looked.get(), "a paused login's token is not looked at");
+        let after = now + FIRST_PAUSE;
+        assert_eq!(backoff.attempt(one, after, || true), Attempt::Right);
+        assert_eq!(backoff.waiting(one, after), None);
+        assert_eq!(
+            backoff.attempt(one, after, || false),
+            Attempt::Wrong(FIRST_PAUSE),
+            "a right token forgot the wrong ones"
         );
     }
 
