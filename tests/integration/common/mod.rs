@@ -730,18 +730,24 @@ pub fn raw_exchange(addr: &str, bytes: &[u8]) -> String {
 }
 
 /// Writes `bytes` on `stream` and returns everything the server answers
-/// until it closes or goes quiet for a second.
+/// until it closes, or goes quiet for a second once it has answered
+/// something (its first answer may take up to [`DEADLINE`] on a loaded
+/// machine: a client that gave up sooner would be taken for one that went
+/// away).
 fn exchange_on(mut stream: TcpStream, bytes: &[u8]) -> String {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(1)))
-        .expect("timeout");
+    stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
     stream.write_all(bytes).expect("write");
     let mut out = Vec::new();
     let mut buf = [0u8; 8192];
     loop {
         match stream.read(&mut buf) {
             Ok(0) => break,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(1)))
+                    .expect("timeout");
+            }
             Err(_) => break,
         }
     }
