@@ -190,14 +190,16 @@ fn a_supervisor_in_another_pid_namespace_leaves_a_live_supervisors_job_alone() {
 }
 
 /// What each job of the stress test writes: `started-ID-ATTEMPT` (holding
-/// its supervisor's number) when it starts, `ended-ID-ATTEMPT` when it ends
+/// its supervisor's number, written whole: through a rename, as a kill may
+/// come between a file's creation and its write) when it starts, `ended-ID-ATTEMPT` when it ends
 /// of itself, a second later. A child of its own that would outlive it by
 /// half a minute is stopped at its end; one whose job is killed stays in
 /// the job's cgroups.
 const WORK: &str = r#"cat > /dev/null
 sleep 30 &
 lingering=$!
-echo "$INSTANCE" > "$OUT/started-$JOBMGR_JOB_ID-$JOBMGR_ATTEMPT"
+echo "$INSTANCE" > "$OUT/.starting-$JOBMGR_JOB_ID-$JOBMGR_ATTEMPT"
+mv "$OUT/.starting-$JOBMGR_JOB_ID-$JOBMGR_ATTEMPT" "$OUT/started-$JOBMGR_JOB_ID-$JOBMGR_ATTEMPT"
 sleep 1
 kill $lingering
 touch "$OUT/ended-$JOBMGR_JOB_ID-$JOBMGR_ATTEMPT""#;
