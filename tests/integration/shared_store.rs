@@ -298,7 +298,12 @@ fn siblings_finished_at_once_through_different_servers_queue_their_parent_once()
             violations.push(format!("{name}: parent not queued again: {job}"));
             continue;
         }
-        let resumed = apis[2].take(&name);
+        // A claim passes over a row another server's transaction holds
+        // (SKIP LOCKED): asked again until it is handed out.
+        let resumed = poll("the resumed parent to be handed out", || {
+            apis[2].dequeue(json!({"name": name})).into_iter().next()
+        });
+        assert_eq!(resumed["jobID"], parent);
         let finished = resumed["finishedChildJobs"].as_array().map_or(0, Vec::len);
         if finished != CHILDREN {
             violations.push(format!(
