@@ -185,7 +185,7 @@ pub async fn logout(
         tracing::warn!(%error, "dashboard: cannot record a logout in the store");
         return ui.templates.error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "the job store cannot be written, so this session could not be ended and is still \
+            "the job store cannot be written, so your dashboard login could not be ended and is still \
              open; log out again in a few seconds (the server's log says why)",
             "/ui",
             &session.csrf(&ui.token),

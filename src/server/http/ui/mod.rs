@@ -99,9 +99,9 @@ async fn require_session(State(ui): State<Ui>, mut request: Request, next: Next)
     match ui.queue.session_ended(session.id().to_string()).await {
         Ok(false) => {}
         Ok(true) => {
-            let mut response = ui
-                .templates
-                .login(Some("This session was logged out. Log in again."));
+            let mut response = ui.templates.login(Some(
+                "You logged out of the dashboard with this cookie. Log in again.",
+            ));
             *response.status_mut() = StatusCode::UNAUTHORIZED;
             return response;
         }
