@@ -419,6 +419,37 @@ impl SupervisorProcess {
         }
     }
 
+    /// A supervisor as a webserver runs it: the embedded server (on a
+    /// fresh SQLite file), the machine's own load and memory gating it,
+    /// the default start-up ramp and sandbox, and `args` on top.
+    pub fn start_embedded(workers: &Path, args: &[String]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        std::fs::write(d.join("empty.toml"), "").expect("config");
+        let mut command = Command::new(bin());
+        command
+            .arg("--config")
+            .arg(d.join("empty.toml"))
+            .arg("--worker-path")
+            .arg(workers)
+            .arg("--scratch-dir")
+            .arg(d.join("scratch"))
+            .arg("--spool-dir")
+            .arg(d.join("spool"))
+            .arg("--db")
+            .arg(d.join("jobs.db"))
+            .args(["--http", "127.0.0.1:0", "--bedrock", "none"])
+            .args(args)
+            .env("JOBMGR_LOG", "warn")
+            .stdin(Stdio::null());
+        let (child, ready) = start_ready(command);
+        SupervisorProcess {
+            child,
+            ready,
+            _dir: dir,
+        }
+    }
+
     /// CPU seconds (user + system) used so far: the supervisor's, and its
     /// helper processes' (its spawner or job guard), which do its work.
     pub fn cpu_seconds(&self) -> f64 {
@@ -627,7 +658,7 @@ pub fn compile_noop_worker_nolibc(dir: &Path, name: &str) -> Option<PathBuf> {
 
 /// Compiles `benches/jobmgr/<source>` into `dir` as `name` with `cc -O2`
 /// and the first of `tries` (extra flags) that builds.
-fn compile_worker(dir: &Path, name: &str, source: &str, tries: &[&[&str]]) -> Option<PathBuf> {
+pub fn compile_worker(dir: &Path, name: &str, source: &str, tries: &[&[&str]]) -> Option<PathBuf> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("benches/jobmgr")
         .join(source);

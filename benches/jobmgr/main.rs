@@ -3,7 +3,7 @@
 //! against queue size, idle waiters) and the supervisor (dispatch latency,
 //! end-to-end throughput next to the raw spawn rate, footprint).
 //!
-//! `cargo bench --bench jobmgr` runs the full set (about 20 minutes on 2
+//! `cargo bench --bench jobmgr` runs the full set (about 30 minutes on 2
 //! cores) and writes the report to `BENCHMARKS.md` (or the file named by
 //! `JOBMGR_BENCH_REPORT`). `JOBMGR_BENCH_SMOKE=1` runs a seconds-long
 //! version that only checks that everything still works; its figures mean
@@ -25,14 +25,25 @@
 //! jobs waiting on dependencies (both stores, a few minutes) and replaces
 //! only its section of the report; `JOBMGR_BENCH_ONLY=dashboard` likewise
 //! the dashboard's pages with 10^6 jobs stored.
+//!
+//! `JOBMGR_BENCH_ONLY=site` runs only the site under job storms (a real
+//! nginx and php-fpm site beside the supervisor's jobs, about 10 minutes;
+//! it needs root, cgroup v2 and `nginx` and `php-fpm` installed, and is
+//! skipped without them), replaces only its section of the report and
+//! writes its plot to `docs/site-under-storm.svg`; the full run runs it
+//! too. Its smoke run needs no nginx: without one it runs the storms alone.
 
 mod common;
 mod dashboard;
 mod dependencies;
 mod events;
 mod limits;
+mod open_loop;
 mod postgres;
 mod server;
+mod site;
+mod site_plot;
+mod site_server;
 mod supervisor;
 
 use std::time::Duration;
@@ -123,6 +134,7 @@ fn main() {
         Some("postgres") => return only_postgres(scale, smoke, started),
         Some("dependencies") => return only_dependencies(scale, smoke, started),
         Some("dashboard") => return only_dashboard(scale, smoke, started),
+        Some("site") => return only_site(smoke, started),
         Some("events") => {
             println!("{}", runtime().block_on(events::report(scale)));
             return;
@@ -136,7 +148,7 @@ fn main() {
             return;
         }
         Some(other) => panic!(
-            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\", \"dashboard\", \"events\", \"supervisor\" or \"spawn\" (or unset for the full run)"
+            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\", \"dashboard\", \"site\", \"events\", \"supervisor\" or \"spawn\" (or unset for the full run)"
         ),
     }
     let runtime = runtime();
@@ -163,6 +175,9 @@ fn main() {
     report.push('\n');
     report.push_str(&limits::report(scale));
     report.push_str(&supervisor::report(scale, true));
+    report.push('\n');
+    let site = site::report(smoke);
+    report.push_str(&site_part(&site.markdown));
     report.push_str(&format!(
         "\nThe whole run took {:.0} s.\n",
         started.elapsed().as_secs_f64()
@@ -173,6 +188,7 @@ fn main() {
     }
     let path = report_path();
     std::fs::write(&path, &report).expect("write report");
+    write_site_plot(&site);
     println!("{report}\nwritten to {path}");
 }
 
@@ -341,4 +357,63 @@ fn only_dashboard(scale: Scale, smoke: bool, started: std::time::Instant) {
     };
     std::fs::write(&path, &new).expect("write report");
     println!("{part}\nwritten into {path} (its other sections unchanged)");
+}
+
+/// Where the site section begins and ends, so that
+/// `JOBMGR_BENCH_ONLY=site` can replace it alone.
+const SITE_BEGIN: &str =
+    "<!-- Site section: begin (JOBMGR_BENCH_ONLY=site replaces what lies between these marks) -->";
+const SITE_END: &str = "<!-- Site section: end -->";
+
+/// The site section between its marks.
+fn site_part(section: &str) -> String {
+    format!("{SITE_BEGIN}\n\n{}\n\n{SITE_END}\n", section.trim_end())
+}
+
+/// Writes the site section's plot, when it was measured.
+fn write_site_plot(section: &site::Section) {
+    if let Some(svg) = &section.svg {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(site::PLOT);
+        std::fs::write(&path, svg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+/// `JOBMGR_BENCH_ONLY=site`: the site under job storms, written into the
+/// report in place of the last one (or, if it has none, before the
+/// closing line), the rest left as it is, and its plot; nothing is written
+/// when the site could not be measured here.
+fn only_site(smoke: bool, started: std::time::Instant) {
+    let section = site::report(smoke);
+    let date = chrono::Utc::now().format("%Y-%m-%d");
+    let part = site_part(&format!(
+        "{}\n*Measured on {date} by `JOBMGR_BENCH_ONLY=site cargo bench --bench jobmgr`, a run of its own ({:.0} s) on {}; the rest of this file is as the run that wrote it left it.*",
+        section.markdown.trim_end(),
+        started.elapsed().as_secs_f64(),
+        common::machine(),
+    ));
+    if smoke || section.svg.is_none() {
+        println!("{part}\n(not recorded)");
+        return;
+    }
+    let path = report_path();
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let new = match (old.find(SITE_BEGIN), old.find(SITE_END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            let mut end = end + SITE_END.len();
+            if old[end..].starts_with('\n') {
+                end += 1;
+            }
+            format!("{}{part}{}", &old[..begin], &old[end..])
+        }
+        _ => match old.find("\nThe whole run took") {
+            Some(at) => format!("{}{part}{}", &old[..at + 1], &old[at..]),
+            None => format!("{}\n\n{part}", old.trim_end()),
+        },
+    };
+    std::fs::write(&path, &new).expect("write report");
+    write_site_plot(&section);
+    println!(
+        "{part}\nwritten into {path} and {} (the report's other sections unchanged)",
+        site::PLOT
+    );
 }
