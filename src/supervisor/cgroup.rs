@@ -314,7 +314,13 @@ pub struct JobCgroup {
     /// `memory.events` to read for an out-of-memory kill).
     memory_v2: bool,
     memory_v1: Option<PathBuf>,
+    /// The job's CPU starvation in microseconds, read before its v2
+    /// directory goes ([`NOT_READ`] until then).
+    starved_us: std::sync::atomic::AtomicU64,
 }
+
+/// [`JobCgroup::starved`] not read yet.
+const NOT_READ: u64 = u64::MAX;
 
 const V1_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 
@@ -671,6 +677,7 @@ impl Cgroups {
             unified: None,
             memory_v2: false,
             memory_v1: None,
+            starved_us: std::sync::atomic::AtomicU64::new(NOT_READ),
         };
         if let Some(hierarchy) = &self.unified {
             let (base, dir) = hierarchy.make(&self.name, &name)?;
@@ -754,6 +761,28 @@ impl Cgroups {
 }
 
 impl JobCgroup {
+    /// How long the job had a process ready to run but waiting for a CPU
+    /// (its v2 directory's `cpu.pressure`, `some total`): the time the
+    /// site, or other jobs, kept it from running. `None` without a v2
+    /// directory or PSI. Read while the directory lasts, and kept.
+    pub fn starved(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering;
+        let kept = self.starved_us.load(Ordering::SeqCst);
+        if kept != NOT_READ {
+            return Some(Duration::from_micros(kept));
+        }
+        let text = fs::read_to_string(self.unified.as_ref()?.join("cpu.pressure")).ok()?;
+        let total = text
+            .lines()
+            .find(|l| l.starts_with("some "))?
+            .split_whitespace()
+            .find_map(|field| field.strip_prefix("total="))?
+            .parse::<u64>()
+            .ok()?;
+        self.starved_us.store(total, Ordering::SeqCst);
+        Some(Duration::from_micros(total))
+    }
+
     /// The job's v2 directory: the spawner clones the worker into it
     /// (`CLONE_INTO_CGROUP`), or the worker writes itself into its
     /// `cgroup.procs` before its exec where the kernel cannot.
@@ -831,6 +860,8 @@ impl JobCgroup {
         if self.removed.load(std::sync::atomic::Ordering::SeqCst) {
             return true;
         }
+        // Read before the directory goes (kept for the job's report).
+        let _ = self.starved();
         let all = self.bases.iter().all(|base| base.remove(&self.name));
         if all {
             self.removed

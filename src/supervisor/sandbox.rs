@@ -502,7 +502,12 @@ impl JobSandbox {
         self.cgroup.clone()
     }
 
-    /// Whether the kernel killed something in the job for lack of memory.
+    /// How long the job waited for a CPU (see [`JobCgroup::starved`]).
+    pub fn starved(&self) -> Option<std::time::Duration> {
+        self.cgroup.as_deref().and_then(JobCgroup::starved)
+    }
+
+    /// Whether the kernel killed part of the job for lack of memory.
     pub fn oom_killed(&self) -> bool {
         self.cgroup.as_deref().is_some_and(JobCgroup::oom_killed)
     }

@@ -187,7 +187,7 @@ fn mem_total() -> u64 {
 fn by_default_workers_run_idle_in_an_idle_cgroup_and_cannot_leave_it() {
     let test = "by_default_workers_run_idle_in_an_idle_cgroup_and_cannot_leave_it";
     let server = Server::start();
-    let (sup, out) = start(&server, &[]);
+    let (sup, out) = start(&server, &["--metrics", "127.0.0.1:0"]);
     let line = wait_for("the yielding line", &sup, || {
         sup.stderr()
             .lines()
@@ -240,6 +240,32 @@ fn by_default_workers_run_idle_in_an_idle_cgroup_and_cannot_leave_it() {
         None => eprintln!(
             "SKIPPED {test} (memory.high): no memory controller here for the jobs' cgroup"
         ),
+    }
+    // Where the job had a v2 cgroup, the time it waited for a CPU is
+    // counted, per worker.
+    if seen
+        .cgroup
+        .lines()
+        .any(|l| l.starts_with("0::/") && l.contains("jobmgr-"))
+    {
+        let addr = sup.ready_field("metrics");
+        let text = scrape_until(&addr, "the job's starved time", |text| {
+            sample(
+                text,
+                "jobmgr_job_starved_seconds_count",
+                &["worker=\"Held\""],
+            )
+            .is_some()
+        });
+        assert_eq!(
+            sample(
+                &text,
+                "jobmgr_job_starved_seconds_count",
+                &["worker=\"Held\""]
+            ),
+            Some(1.0),
+            "{text}"
+        );
     }
     let _ = seen.pid;
 }
