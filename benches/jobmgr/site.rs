@@ -136,10 +136,11 @@ const CONDITIONS: [Condition; 3] = [
 ];
 
 impl Condition {
-    fn label(self) -> &'static str {
+    fn label(self, flags: &Flags) -> &'static str {
         match self {
             Condition::Baseline => "no jobs",
             Condition::Unyielding => "storm, yielding off",
+            Condition::Yielding if flags.yielding.is_empty() => "storm, defaults",
             Condition::Yielding => "storm, defaults + `--site-cgroup`",
         }
     }
@@ -672,7 +673,7 @@ fn write_up(
             };
             md.push_str(&format!(
                 "| {} | {} | {} ({}–{}) | {} | {:.0}{errors} | {:.0} % | {work} | {allowed} |\n",
-                condition.label(),
+                condition.label(flags),
                 ms(p50),
                 ms(p99),
                 ms(low),
@@ -764,7 +765,7 @@ fn intro(facts: &SiteFacts, flags: &Flags, timing: &Timing, spare: f64) -> Strin
     ));
     if !flags.missing.is_empty() {
         md.push_str(&format!(
-            "- **Not measured:** the binary measured has no `{}`, so those steps run as its defaults have them in both storm conditions.\n",
+            "- **Not in this measure:** the binary measured has no `{}`; what they control is not part of it.\n",
             flags.missing.join("`, `")
         ));
     }
