@@ -440,7 +440,8 @@ impl SupervisorProcess {
             .arg(d.join("jobs.db"))
             .args(["--http", "127.0.0.1:0", "--bedrock", "none"])
             .args(args)
-            .env("JOBMGR_LOG", "warn")
+            // Its warnings are of jobs stopped when it is: expected.
+            .env("JOBMGR_LOG", "error")
             .stdin(Stdio::null());
         let (child, ready) = start_ready(command);
         SupervisorProcess {

@@ -15,8 +15,8 @@ const LEFT: f64 = 64.0;
 const TOP: f64 = 64.0;
 const PLOT_HEIGHT: f64 = 260.0;
 const PANEL_WIDTH: f64 = 300.0;
-const BAR: f64 = 22.0;
-const GROUP_GAP: f64 = 26.0;
+const BAR: f64 = 25.0;
+const GROUP_GAP: f64 = 18.0;
 
 /// The SVG document.
 pub fn svg(title: &str, panels: &[Panel]) -> String {
@@ -71,11 +71,15 @@ pub fn svg(title: &str, panels: &[Panel]) -> String {
                 "<line x1=\"{LEFT}\" y1=\"{at:.1}\" x2=\"{right}\" y2=\"{at:.1}\" stroke=\"{stroke}\"/>\n"
             ));
             if factor == 1.0 {
+                let label = if v >= 1000.0 {
+                    format!("{} s", v / 1000.0)
+                } else {
+                    format!("{v} ms")
+                };
                 out.push_str(&format!(
-                    "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{} ms</text>\n",
+                    "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text>\n",
                     LEFT - 6.0,
                     at + 4.0,
-                    trim(v)
                 ));
             }
         }
@@ -106,7 +110,7 @@ fn panel_svg(panel: &Panel, x: f64, y: &dyn Fn(f64) -> f64) -> String {
             let bx = gx + q as f64 * BAR;
             let top = y(*value);
             out.push_str(&format!(
-                "<rect x=\"{bx:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{label} {}: {} ms</title></rect>\n",
+                "<rect x=\"{bx:.1}\" y=\"{top:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{label} {}: {}</title></rect>\n",
                 BAR - 2.0,
                 bottom - top,
                 QUANTILES[q].1,
@@ -135,8 +139,12 @@ fn height_of_title() -> f64 {
     TOP + PLOT_HEIGHT + 42.0
 }
 
-/// A value with the digits it needs: 3 significant, no trailing zeros.
+/// A value in ms with the digits it needs (3 significant, no trailing
+/// zeros), or in seconds from 1000 ms.
 fn trim(value: f64) -> String {
+    if value >= 1000.0 {
+        return format!("{:.1} s", value / 1000.0);
+    }
     let text = if value >= 100.0 {
         format!("{value:.0}")
     } else if value >= 10.0 {
