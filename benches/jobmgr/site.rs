@@ -471,7 +471,8 @@ fn calibrate(site: &Site, length: Duration) -> (u64, f64) {
 /// Everything measured under one condition of one storm, over the rounds.
 #[derive(Default)]
 struct Figures {
-    latencies: Vec<f64>,
+    /// Each round's p50, p99 and p99.9.
+    rounds: Vec<[f64; 3]>,
     round_p99: Vec<f64>,
     rates: Vec<f64>,
     errors: usize,
@@ -488,8 +489,9 @@ impl Figures {
         latencies.sort_by(f64::total_cmp);
         if !latencies.is_empty() {
             self.round_p99.push(percentile(&latencies, 0.99));
+            self.rounds
+                .push([0.5, 0.99, 0.999].map(|p| percentile(&latencies, p)));
         }
-        self.latencies.extend(latencies);
         self.rates.push(measure.window.rate);
         self.errors += measure.window.errors;
         self.units.push(measure.units_per_s);
@@ -499,13 +501,18 @@ impl Figures {
         self.machine_cores.push(measure.machine_cores);
     }
 
-    /// p50, p99 and p99.9 over every round's requests.
+    /// p50, p99 and p99.9: each the median over the rounds of the
+    /// round's own (so that a round that met outside load does not sway
+    /// it when the others were quiet).
     fn quantiles(&mut self) -> [f64; 3] {
-        self.latencies.sort_by(f64::total_cmp);
-        if self.latencies.is_empty() {
+        if self.rounds.is_empty() {
             return [f64::NAN; 3];
         }
-        [0.5, 0.99, 0.999].map(|p| percentile(&self.latencies, p))
+        [0, 1, 2].map(|q| {
+            let mut values: Vec<f64> = self.rounds.iter().map(|r| r[q]).collect();
+            values.sort_by(f64::total_cmp);
+            percentile(&values, 0.5)
+        })
     }
 }
 
@@ -812,7 +819,7 @@ fn intro(
         facts.rate
     ));
     md.push_str(&format!(
-        "- **The storms.** A supervisor with its embedded server on a fresh SQLite file (`jobmgr --job-name='*' --max-load={:.0} --db … --http 127.0.0.1:0`: the default `--max-workers` (twice the cores), ramp, memory gate and sandbox, and no load gate, which would hold the storm at a point set by the last minute's load, the site's included, rather than by the yielding measured here) is given {} jobs at its start; each window starts {:.0} s later, with the storm in full swing, and lasts {:.0} s; the supervisor is stopped after it. Conditions: **no jobs**; **yielding off** ({}); **defaults** plus `--site-cgroup` at the site's cgroup{}. Each storm's conditions alternate in a rotating order over {} rounds; latency quantiles pool every round's requests, and the p99 column gives the rounds' own p99 range.\n",
+        "- **The storms.** A supervisor with its embedded server on a fresh SQLite file (`jobmgr --job-name='*' --max-load={:.0} --db … --http 127.0.0.1:0`: the default `--max-workers` (twice the cores), ramp, memory gate and sandbox, and no load gate, which would hold the storm at a point set by the last minute's load, the site's included, rather than by the yielding measured here) is given {} jobs at its start; each window starts {:.0} s later, with the storm in full swing, and lasts {:.0} s; the supervisor is stopped after it. Conditions: **no jobs**; **yielding off** ({}); **defaults** plus `--site-cgroup` at the site's cgroup{}. Each storm's conditions alternate in a rotating order over {} rounds; each latency figure is the median over the rounds of the round's own quantile (a round that met outside load does not sway it when the others were quiet), and the p99 column also gives the range of the rounds' p99.\n",
         NO_LOAD_GATE,
         timing.jobs,
         timing.warm_up.as_secs_f64(),
@@ -836,7 +843,7 @@ fn intro(
     ));
     if others > 0.1 {
         md.push_str(&format!(
-            "- **The machine was not quiet:** processes other than the site, its load and the storm used {others:.2} cores on average in the no-jobs windows, and the load average reached {:.1}. A window that met them is slower whatever its condition: read the rounds' p99 ranges before the pooled figures.\n",
+            "- **The machine was not quiet:** processes other than the site, its load and the storm used {others:.2} cores on average in the no-jobs windows, and the load average reached {:.1}. A window that met them is slower whatever its condition: the medians over rounds set one such window aside, not two.\n",
             loads.1
         ));
     }
