@@ -3,7 +3,7 @@
 //! against queue size, idle waiters) and the supervisor (dispatch latency,
 //! end-to-end throughput next to the raw spawn rate, footprint).
 //!
-//! `cargo bench --bench jobmgr` runs the full set (about 30 minutes on 2
+//! `cargo bench --bench jobmgr` runs the full set (about 25 minutes on 2
 //! cores) and writes the report to `BENCHMARKS.md` (or the file named by
 //! `JOBMGR_BENCH_REPORT`). `JOBMGR_BENCH_SMOKE=1` runs a seconds-long
 //! version that only checks that everything still works; its figures mean
