@@ -10,7 +10,7 @@ use clap::Args;
 use super::CliError;
 use crate::config::{self, HumanDuration, SupervisorOptions};
 use crate::protocol::Timestamp;
-use crate::supervisor::status::{self, Status};
+use crate::supervisor::status::{self, BackoffStatus, Status};
 
 /// Options of `jobmgr status`.
 #[derive(Debug, Args)]
@@ -97,6 +97,32 @@ fn since(then: i64, now: Timestamp) -> String {
     HumanDuration(Duration::from_secs(seconds)).to_string()
 }
 
+fn seconds(ms: u64) -> String {
+    HumanDuration(Duration::from_secs(ms / 1000)).to_string()
+}
+
+/// The back-off's line: its state, what it reads, the reading and the
+/// thresholds.
+fn render_backoff(backoff: &BackoffStatus) -> String {
+    let pct = |p: Option<f64>| p.map_or("off".to_string(), |p| format!("{p:.2}%"));
+    if backoff.state == "off" {
+        return format!("back-off: off ({})\n", backoff.signal);
+    }
+    format!(
+        "back-off: {}, pressure {} of {}; pause at {}, freeze at {}, thaw below {}, max-freeze {}; {} frozen\n",
+        backoff.state,
+        backoff
+            .pressure
+            .map_or("unknown".to_string(), |p| format!("{p:.2}%")),
+        backoff.signal,
+        pct(backoff.pause),
+        pct(backoff.freeze),
+        pct(backoff.thaw_below),
+        seconds(backoff.max_freeze_ms),
+        super::output::count(backoff.frozen as u64, "job", "jobs"),
+    )
+}
+
 /// The status as text: one line for the process, then per pool its gate and
 /// a table of its jobs.
 pub fn render(status: &Status, now: Timestamp) -> String {
@@ -106,13 +132,17 @@ pub fn render(status: &Status, now: Timestamp) -> String {
         since(status.started, now),
         status.server
     );
+    if let Some(backoff) = &status.backoff {
+        out.push_str(&render_backoff(backoff));
+    }
     for pool in &status.pools {
         let load = pool
             .load1
             .map_or("unknown".to_string(), |l| format!("{l:.2}"));
         let held = pool.running.values().filter(|j| j.held).count();
+        let frozen = pool.running.values().filter(|j| j.frozen).count();
         out.push_str(&format!(
-            "pool {} ({}): gate {}, load {} of {:.2}, {} of {} busy{}\n",
+            "pool {} ({}): gate {}, load {} of {:.2}, {} of {} busy{}{}\n",
             pool.name,
             pool.job_name,
             pool.gate,
@@ -122,6 +152,11 @@ pub fn render(status: &Status, now: Timestamp) -> String {
             super::output::count(pool.max_workers as u64, "worker", "workers"),
             if held > 0 {
                 format!(", {held} held ahead")
+            } else {
+                String::new()
+            },
+            if frozen > 0 {
+                format!(", {frozen} frozen")
             } else {
                 String::new()
             }
@@ -137,7 +172,7 @@ pub fn render(status: &Status, now: Timestamp) -> String {
             .unwrap_or(0)
             .max(4);
         out.push_str(&format!(
-            "  {:>8}  {:width$}  {:>8}  ELAPSED\n",
+            "  {:>8}  {:width$}  {:>8}  ELAPSED  FROZEN\n",
             "JOB", "NAME", "PID"
         ));
         for (id, job) in &pool.running {
@@ -146,8 +181,13 @@ pub fn render(status: &Status, now: Timestamp) -> String {
                 None if job.held => "held".to_string(),
                 None => "-".to_string(),
             };
+            let frozen = match (job.frozen, job.frozen_ms) {
+                (true, ms) => format!("now, {} in all", seconds(ms)),
+                (false, 0) => "-".to_string(),
+                (false, ms) => seconds(ms),
+            };
             out.push_str(&format!(
-                "  {id:>8}  {:width$}  {pid:>8}  {}\n",
+                "  {id:>8}  {:width$}  {pid:>8}  {:7}  {frozen}\n",
                 job.name,
                 since(job.since, now)
             ));

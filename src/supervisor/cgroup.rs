@@ -676,6 +676,45 @@ impl JobCgroup {
         }
         false
     }
+
+    /// Freezes the job's v2 cgroup (`cgroup.freeze`, in every non-root v2
+    /// cgroup since Linux 5.2, controllers or not): every process of the
+    /// job stops where it is, those that left its process group included.
+    /// False when the job has no v2 cgroup, or it has no `cgroup.freeze`
+    /// (an older kernel): the caller stops its process group instead. Only
+    /// the job's own directory is frozen, never the parent: a worker being
+    /// started into a frozen cgroup would stop the spawner with it.
+    pub fn freeze(&self) -> io::Result<bool> {
+        self.write_freeze("1")
+    }
+
+    /// Thaws the job's v2 cgroup; false when it has none to thaw.
+    pub fn thaw(&self) -> io::Result<bool> {
+        self.write_freeze("0")
+    }
+
+    /// Whether the kernel reports the job's v2 cgroup frozen
+    /// (`cgroup.events` says `frozen 1`: every process is stopped).
+    pub fn frozen_now(&self) -> bool {
+        self.unified.as_ref().is_some_and(|dir| {
+            fs::read_to_string(dir.join("cgroup.events"))
+                .is_ok_and(|events| events.lines().any(|l| l == "frozen 1"))
+        })
+    }
+
+    fn write_freeze(&self, value: &str) -> io::Result<bool> {
+        let Some(dir) = &self.unified else {
+            return Ok(false);
+        };
+        let file = dir.join("cgroup.freeze");
+        match fs::OpenOptions::new().write(true).open(&file) {
+            Ok(mut open) => io::Write::write_all(&mut open, value.as_bytes())
+                .map(|()| true)
+                .map_err(|e| naming(&file, e)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(naming(&file, e)),
+        }
+    }
 }
 
 impl Drop for JobCgroup {
