@@ -30,9 +30,23 @@ fn worker_pid(dir: &Path, sup: &Supervisor) -> i32 {
     })
 }
 
-/// Whether the kernel has the process frozen: its v2 cgroup (not the
-/// root) says `frozen 1`, or, without one, the process is stopped (`T`).
+/// Whether the kernel has the process frozen: stopped (`T`, by SIGSTOP),
+/// or in a v2 cgroup (not the root) asked to freeze that says `frozen 1`.
 fn frozen(pid: i32) -> bool {
+    stopped(pid) || cgroup_frozen(pid)
+}
+
+/// Whether the process is stopped (state `T`).
+fn stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+        .unwrap_or(false)
+}
+
+/// Whether the process's v2 cgroup (not the root) is asked to freeze and
+/// says `frozen 1`.
+fn cgroup_frozen(pid: i32) -> bool {
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let v2 = cgroup
         .lines()
@@ -44,17 +58,11 @@ fn frozen(pid: i32) -> bool {
                 .map(|m| PathBuf::from(format!("{m}{p}")))
                 .find(|d| d.join("cgroup.freeze").exists())
         });
-    match v2 {
-        Some(dir) => {
-            let events = std::fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
-            let asked = std::fs::read_to_string(dir.join("cgroup.freeze")).unwrap_or_default();
-            asked.trim() == "1" && events.lines().any(|l| l == "frozen 1")
-        }
-        None => std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
-            .unwrap_or(false),
-    }
+    v2.is_some_and(|dir| {
+        let events = std::fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
+        let asked = std::fs::read_to_string(dir.join("cgroup.freeze")).unwrap_or_default();
+        asked.trim() == "1" && events.lines().any(|l| l == "frozen 1")
+    })
 }
 
 /// Sets the system-wide memory pressure (`full avg10`) the supervisor reads.
@@ -84,9 +92,12 @@ fn jobs_freeze_above_the_freeze_threshold_and_thaw_below_the_pause_one() {
     let pid = worker_pid(marks.path(), &sup);
     assert!(!frozen(pid), "not frozen while the site is calm");
 
-    // Above the freeze threshold: frozen, said in the status file.
+    // Above the freeze threshold: frozen through its own cgroup, said in
+    // the status file.
     press(sup.dir.path(), 30.0);
-    wait_for("the job to be frozen", &sup, || frozen(pid).then_some(()));
+    wait_for("the job's cgroup to be frozen", &sup, || {
+        cgroup_frozen(pid).then_some(())
+    });
     wait_for("the status to show the job frozen", &sup, || {
         let status = status(&sup);
         let job = &status["pools"][0]["running"][id.to_string()];
@@ -407,4 +418,104 @@ fn a_site_cgroups_pressure_freezes_jobs() {
     wait_for("the job to finish", &sup, || {
         api.state(id).is_none().then_some(())
     });
+}
+
+/// The cells of the dashboard's Supervisors row naming `id`, as text.
+fn supervisor_row(page: &str, id: &str) -> Option<Vec<String>> {
+    let row = page
+        .split("<tr>")
+        .find(|row| row.contains(&format!("<td>{id}</td>")))?;
+    Some(
+        row.split("<td")
+            .skip(1)
+            .map(|cell| {
+                let text = cell.split_once('>').map_or("", |(_, rest)| rest);
+                text.split('<').next().unwrap_or("").trim().to_string()
+            })
+            .collect(),
+    )
+}
+
+/// A supervisor's frozen jobs reach the job server: its worker registry
+/// (`GET /workers`) and the dashboard's Supervisors page, beside its busy
+/// ones; and the metrics count them.
+#[test]
+fn the_server_and_its_dashboard_see_a_supervisors_frozen_jobs() {
+    let server = Server::start();
+    let api = server.api();
+    let marks = tempfile::tempdir().unwrap();
+    let sup = Supervisor::builder(&server.url)
+        .worker("Seen", &waiting_worker(marks.path()))
+        .arg("--metrics")
+        .arg("127.0.0.1:0")
+        .start();
+    let id = api.create(json!({"name": "Seen"}));
+    let pid = worker_pid(marks.path(), &sup);
+    press(sup.dir.path(), 60.0);
+    wait_for("the job to be frozen", &sup, || frozen(pid).then_some(()));
+    let worker = wait_for("the registry to show one frozen job", &sup, || {
+        let (_, workers) = api.get("/workers");
+        workers["workers"]
+            .as_array()?
+            .iter()
+            .find(|w| w["frozen"] == 1 && w["running"] == 1)
+            .cloned()
+    });
+    let worker_id = worker["id"].as_str().expect("the worker's id").to_string();
+    let cookie = crate::ui::cookie_of(&crate::ui::log_in(&server.url, token()));
+    let (status, page) = crate::ui::get(&server.url, "/ui/supervisors", Some(&cookie));
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(">Frozen</th>"), "{page}");
+    let cells = supervisor_row(&page, &worker_id).unwrap_or_else(|| panic!("{page}"));
+    // Supervisor, State, Last seen, Capacity, Busy, Frozen, …
+    assert_eq!(
+        (cells[4].as_str(), cells[5].as_str()),
+        ("1", "1"),
+        "{cells:?}"
+    );
+
+    let metrics = sup.ready_field("metrics");
+    let text = scrape_until(&metrics, "a frozen job in the metrics", |text| {
+        sample(text, "jobmgr_jobs_frozen", &[]) == Some(1.0)
+            && sample(text, "jobmgr_site_pressure", &[]) == Some(60.0)
+    });
+    assert!(text.contains("jobmgr_job_frozen_seconds_total"), "{text}");
+    std::fs::write(marks.path().join("go"), "").unwrap();
+    press(sup.dir.path(), 0.0);
+    wait_for("the job to finish", &sup, || {
+        api.state(id).is_none().then_some(())
+    });
+}
+
+/// Without cgroups, a job is frozen by SIGSTOP to its process group, and
+/// thawed by SIGCONT.
+#[test]
+fn without_cgroups_a_job_is_stopped_and_continued() {
+    let server = Server::start();
+    let api = server.api();
+    let marks = tempfile::tempdir().unwrap();
+    let sup = Supervisor::builder(&server.url)
+        .worker("Stopped", &waiting_worker(marks.path()))
+        .without_cgroups()
+        .start();
+    let id = api.create(json!({"name": "Stopped"}));
+    let pid = worker_pid(marks.path(), &sup);
+    press(sup.dir.path(), 60.0);
+    wait_for("the worker to be stopped", &sup, || {
+        stopped(pid).then_some(())
+    });
+    press(sup.dir.path(), 0.0);
+    wait_for("the worker to go on", &sup, || {
+        (!stopped(pid)).then_some(())
+    });
+    std::fs::write(marks.path().join("go"), "").unwrap();
+    wait_for("the job to finish", &sup, || {
+        api.state(id).is_none().then_some(())
+    });
+    assert_eq!(
+        api.outcomes(id),
+        vec!["finished".to_string()],
+        "{}",
+        sup.logs()
+    );
 }
