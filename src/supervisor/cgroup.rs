@@ -522,6 +522,7 @@ impl Cgroups {
             ("pids", limits.pids_max.is_some()),
             ("cpu", limits.cpu_max.is_some()),
         ]);
+        let mut notes = Vec::new();
         let mut for_parent = pick([
             ("memory", parent.memory_high.is_some()),
             ("io", parent.io),
@@ -551,15 +552,27 @@ impl Cgroups {
                     .collect::<Vec<_>>()
                     .join(" ")
             };
-            write(&own.join("cgroup.subtree_control"), &plus(&own_enable))?;
             if !for_jobs.is_empty() {
+                write(&own.join("cgroup.subtree_control"), &plus(&for_jobs))?;
                 write(&dir.join("cgroup.subtree_control"), &plus(&for_jobs))?;
+            }
+            // The jobs' yielding is not worth the limits: a controller the
+            // kernel will not hand down here is said, and done without.
+            for controller in own_enable.iter().filter(|c| !for_jobs.contains(c)) {
+                if let Err(e) = write(
+                    &own.join("cgroup.subtree_control"),
+                    &format!("+{controller}"),
+                ) {
+                    for_parent.retain(|c| c != controller);
+                    notes.push(format!(
+                        "no {controller} controller for the jobs' cgroup: {e}"
+                    ));
+                }
             }
         }
         if !dir.join("cgroup.kill").exists() {
             return Err(io::Error::other("this kernel has no cgroup.kill"));
         }
-        let mut notes = Vec::new();
         if let Some((_, false)) = parent.memory_high
             && let Ok(high) = fs::read_to_string(own.join("memory.high"))
             && high.trim() != "max"
