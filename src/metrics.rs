@@ -148,6 +148,10 @@ fn describe() {
     );
     describe_histogram!("jobmgr_job_run_seconds", "Worker run time, by worker");
     describe_histogram!(
+        "jobmgr_job_starved_seconds",
+        "Time each job had a process ready to run but waiting for a CPU (the site or other jobs had it), by worker; its _sum is the capacity the site kept"
+    );
+    describe_histogram!(
         "jobmgr_dispatch_latency_seconds",
         "From a job being due to its worker starting"
     );
@@ -350,6 +354,12 @@ pub fn job_ended(worker: &str, outcome: &str, run_seconds: f64, timed_out: bool)
     if timed_out {
         counter!("jobmgr_jobs_timed_out_total", "worker" => worker.to_string()).increment(1);
     }
+}
+
+/// Records the time a job waited for a CPU (the site, or other jobs, had
+/// it).
+pub fn job_starved(worker: &str, seconds: f64) {
+    histogram!("jobmgr_job_starved_seconds", "worker" => worker.to_string()).record(seconds);
 }
 
 /// Records a truncated output stream.

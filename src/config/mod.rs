@@ -323,6 +323,22 @@ pub struct SupervisorOptions {
     #[arg(help_heading = "Sandbox")]
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_PRIVATE_TMP")]
     pub private_tmp: Option<bool>,
+    /// Jobs yield the CPU to the site: their cgroup is of idle priority (cpu.idle, else the least weight) and workers run under SCHED_IDLE (or --job-nice) [default: true]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_YIELD_CPU")]
+    pub yield_cpu: Option<bool>,
+    /// Workers run at this nice level (1-19) in place of SCHED_IDLE, which yields more [default: SCHED_IDLE]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "N", env = "JOBMGR_JOB_NICE")]
+    pub job_nice: Option<i32>,
+    /// Jobs yield the disks to the site: workers get the idle I/O class, their cgroup the least io.weight where the host has it [default: true]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", env = "JOBMGR_YIELD_IO")]
+    pub yield_io: Option<bool>,
+    /// Memory all jobs together may use before the kernel throttles and reclaims them (memory.high of their cgroup): a share of the machine (50%), a size (8G), or off [default: 50%; off when the service manager set MemoryHigh= on the supervisor's unit]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "PCT%|SIZE|off", env = "JOBMGR_JOBS_MEMORY_HIGH")]
+    pub jobs_memory_high: Option<String>,
     /// Serve Prometheus metrics on this address (at /metrics) [default: off]
     #[arg(help_heading = "Logs")]
     #[arg(long, value_name = "ADDR", env = "JOBMGR_METRICS")]
@@ -592,6 +608,10 @@ impl SupervisorOptions {
             no_network,
             read_only_fs,
             private_tmp,
+            yield_cpu,
+            job_nice,
+            yield_io,
+            jobs_memory_high,
             schedule,
             job,
             pool

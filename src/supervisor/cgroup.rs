@@ -36,6 +36,7 @@ use nix::sys::stat::{Mode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use super::proc_stat::ProcStat;
+use super::yielding::{JOBS_CPU_SHARES, JOBS_CPU_WEIGHT, JOBS_IO_WEIGHT, ParentYield};
 
 /// The limits a job's cgroup gets.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -149,6 +150,9 @@ struct Hierarchy {
     /// The controllers job directories get (`cgroup.subtree_control`; v2
     /// only).
     subtree: Vec<String>,
+    /// What the directory itself gets for the jobs to yield (file, value),
+    /// written again when it is made again.
+    parent_files: Vec<ParentFile>,
     base: RwLock<Base>,
 }
 
@@ -157,8 +161,35 @@ impl Hierarchy {
         Hierarchy {
             own,
             subtree,
+            parent_files: Vec::new(),
             base: RwLock::new(base),
         }
+    }
+
+    /// Writes `files` into the directory (each the first of its
+    /// alternatives that the kernel takes: `cpu.idle`, else a weight), keeps
+    /// the ones written for a directory made again, and says what was done.
+    fn yield_with(&mut self, files: Vec<Vec<ParentFile>>) -> Vec<String> {
+        let base = self.base();
+        let mut done = Vec::new();
+        for alternatives in files {
+            let mut errors = Vec::new();
+            for (file, value) in alternatives {
+                match write(&base.path.join(file), &value) {
+                    Ok(()) => {
+                        done.push(format!("{file} {value}"));
+                        self.parent_files.push((file, value));
+                        errors.clear();
+                        break;
+                    }
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            if !errors.is_empty() {
+                done.push(format!("not set: {}", errors.join("; ")));
+            }
+        }
+        done
     }
 
     /// The directory as it is now.
@@ -195,6 +226,9 @@ impl Hierarchy {
             let enable: Vec<String> = self.subtree.iter().map(|c| format!("+{c}")).collect();
             write(&base.path.join("cgroup.subtree_control"), &enable.join(" "))?;
         }
+        for (file, value) in &self.parent_files {
+            write(&base.path.join(file), value)?;
+        }
         *current = base.clone();
         Ok(base)
     }
@@ -211,6 +245,9 @@ pub struct Cgroups {
     unified_controllers: Vec<String>,
     /// v1 directories of ours, by controller.
     v1: Vec<(&'static str, Hierarchy)>,
+    /// What the directories got for the jobs to yield, for the start-up
+    /// log.
+    yielded: Vec<String>,
 }
 
 /// What every supervisor's directory is named after.
@@ -277,7 +314,13 @@ pub struct JobCgroup {
     /// `memory.events` to read for an out-of-memory kill).
     memory_v2: bool,
     memory_v1: Option<PathBuf>,
+    /// The job's CPU starvation in microseconds, read before its v2
+    /// directory goes ([`NOT_READ`] until then).
+    starved_us: std::sync::atomic::AtomicU64,
 }
+
+/// [`JobCgroup::starved`] not read yet.
+const NOT_READ: u64 = u64::MAX;
 
 const V1_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 
@@ -296,6 +339,15 @@ fn own_path(controller: Option<&str>) -> Option<String> {
     })
 }
 
+/// The v2 tree's mount: `/sys/fs/cgroup` itself (pure v2) or
+/// `/sys/fs/cgroup/unified` (hybrid).
+pub fn unified_mount() -> Option<PathBuf> {
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|m| m.join("cgroup.procs").exists() && m.join("cgroup.controllers").exists())
+}
+
 /// `error`, its message led by the `path` it concerns.
 fn naming(path: &Path, error: impl Into<io::Error>) -> io::Error {
     let error = error.into();
@@ -306,32 +358,92 @@ fn write(path: &Path, value: &str) -> io::Result<()> {
     fs::write(path, value).map_err(|e| naming(path, e))
 }
 
+/// Our v2 directory as [`Cgroups::prepare_v2`] left it.
+struct PreparedV2 {
+    base: Base,
+    /// The controllers each job's directory gets.
+    for_jobs: Vec<String>,
+    /// The controllers our directory has for the jobs to yield.
+    for_parent: Vec<String>,
+    /// What the start-up log should say of it.
+    notes: Vec<String>,
+}
+
+/// A file of ours to write: its name and value.
+type ParentFile = (&'static str, String);
+
+/// The files our v2 directory gets for the jobs to yield, each a list of
+/// alternatives, for the `controllers` it has.
+fn v2_parent_files(controllers: &[String], parent: &ParentYield) -> Vec<Vec<ParentFile>> {
+    let has = |c: &str| controllers.iter().any(|h| h == c);
+    let mut files = Vec::new();
+    if parent.cpu && has("cpu") {
+        files.push(vec![
+            ("cpu.idle", "1".to_string()),
+            ("cpu.weight", JOBS_CPU_WEIGHT.to_string()),
+        ]);
+    }
+    if parent.io && has("io") {
+        files.push(vec![("io.weight", format!("default {JOBS_IO_WEIGHT}"))]);
+    }
+    if let Some((bytes, _)) = parent.memory_high.filter(|_| has("memory")) {
+        files.push(vec![("memory.high", bytes.to_string())]);
+    }
+    files
+}
+
+/// The files our v1 directory of `controller` gets for the jobs to yield.
+/// v1 has no `memory.high`: its soft limit is what the kernel reclaims
+/// first when memory runs short.
+fn v1_parent_files(controller: &str, parent: &ParentYield) -> Vec<Vec<ParentFile>> {
+    match controller {
+        "cpu" if parent.cpu => vec![vec![
+            ("cpu.idle", "1".to_string()),
+            ("cpu.shares", JOBS_CPU_SHARES.to_string()),
+        ]],
+        "memory" => parent
+            .memory_high
+            .map(|(bytes, _)| vec![vec![("memory.soft_limit_in_bytes", bytes.to_string())]])
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 impl Cgroups {
     /// Finds what this machine offers and prepares a directory of this
-    /// supervisor's own (see the module's doc) under its own cgroups. `Err`
-    /// explains why there are none.
-    pub fn detect(limits: &CgroupLimits) -> Result<Self, String> {
+    /// supervisor's own (see the module's doc) under its own cgroups, which
+    /// gets `parent`'s settings for the jobs to yield. `Err` explains why
+    /// there are none.
+    pub fn detect(limits: &CgroupLimits, parent: &ParentYield) -> Result<Self, String> {
         let name = fresh_name();
         let mut found = Cgroups {
             name: name.clone(),
             unified: None,
             unified_controllers: Vec::new(),
             v1: Vec::new(),
+            yielded: Vec::new(),
         };
         let mut reasons = Vec::new();
+        // Controllers our v2 directory has (for itself, not its jobs).
+        let mut v2_own = Vec::new();
 
         // The v2 tree: /sys/fs/cgroup itself (pure v2) or /sys/fs/cgroup/unified (hybrid).
-        let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-            .into_iter()
-            .map(PathBuf::from)
-            .find(|m| m.join("cgroup.procs").exists() && m.join("cgroup.controllers").exists());
-        match (mount, own_path(None)) {
+        match (unified_mount(), own_path(None)) {
             (Some(mount), Some(own)) => {
                 let own_dir = mount.join(own.trim_start_matches('/'));
-                match Self::prepare_v2(&own_dir, &name, limits) {
-                    Ok((base, controllers)) => {
-                        found.unified = Some(Hierarchy::new(own_dir, controllers.clone(), base));
-                        found.unified_controllers = controllers;
+                match Self::prepare_v2(&own_dir, &name, limits, parent) {
+                    Ok(prepared) => {
+                        let mut hierarchy =
+                            Hierarchy::new(own_dir, prepared.for_jobs.clone(), prepared.base);
+                        let done =
+                            hierarchy.yield_with(v2_parent_files(&prepared.for_parent, parent));
+                        found
+                            .yielded
+                            .extend(done.into_iter().map(|d| format!("v2 {d}")));
+                        found.yielded.extend(prepared.notes);
+                        found.unified = Some(hierarchy);
+                        found.unified_controllers = prepared.for_jobs;
+                        v2_own = prepared.for_parent;
                     }
                     Err(e) => reasons.push(format!("cgroup v2: {e}")),
                 }
@@ -340,12 +452,15 @@ impl Cgroups {
         }
         // v1 controllers the v2 tree lacks.
         for controller in V1_CONTROLLERS {
-            let wanted = match controller {
-                "memory" => limits.memory_max.is_some(),
-                "pids" => limits.pids_max.is_some(),
-                _ => limits.cpu_max.is_some(),
+            let (for_jobs, for_parent) = match controller {
+                "memory" => (limits.memory_max.is_some(), parent.memory_high.is_some()),
+                "pids" => (limits.pids_max.is_some(), false),
+                _ => (limits.cpu_max.is_some(), parent.cpu),
             };
-            if !wanted || found.unified_controllers.iter().any(|c| c == controller) {
+            let in_v2 = |list: &[String]| list.iter().any(|c| c == controller);
+            let for_jobs = for_jobs && !in_v2(&found.unified_controllers);
+            let for_parent = for_parent && !in_v2(&v2_own);
+            if !for_jobs && !for_parent {
                 continue;
             }
             let mount = PathBuf::from("/sys/fs/cgroup").join(controller);
@@ -358,40 +473,66 @@ impl Cgroups {
             }
             let own_dir = mount.join(own.trim_start_matches('/'));
             match Base::claim(&own_dir, &name) {
-                Ok(base) => found
-                    .v1
-                    .push((controller, Hierarchy::new(own_dir, Vec::new(), base))),
+                Ok(base) => {
+                    let mut hierarchy = Hierarchy::new(own_dir, Vec::new(), base);
+                    if for_parent {
+                        let done = hierarchy.yield_with(v1_parent_files(controller, parent));
+                        found
+                            .yielded
+                            .extend(done.into_iter().map(|d| format!("v1 {d}")));
+                    }
+                    found.v1.push((controller, hierarchy));
+                }
                 Err(e) => reasons.push(format!("cgroup v1 {controller}: {e}")),
             }
         }
         if found.unified.is_none() && found.v1.is_empty() {
             return Err(reasons.join("; "));
         }
+        if parent.io && !v2_own.iter().any(|c| c == "io") {
+            found
+                .yielded
+                .push("no io.weight (no cgroup v2 io controller here)".into());
+        }
         found.clean_stale();
         Ok(found)
     }
 
-    /// Makes our v2 directory; enables the controllers the limits need when
-    /// the tree offers them (moving the supervisor and its helper process
-    /// into a leaf first, as v2 wants processes only in leaves).
+    /// Makes our v2 directory; enables the controllers the limits and
+    /// `parent` need when the tree offers them (moving the supervisor and
+    /// its helper process into a leaf first, as v2 wants processes only in
+    /// leaves).
     fn prepare_v2(
         own: &Path,
         name: &str,
         limits: &CgroupLimits,
-    ) -> io::Result<(Base, Vec<String>)> {
+        parent: &ParentYield,
+    ) -> io::Result<PreparedV2> {
         let available = fs::read_to_string(own.join("cgroup.controllers")).unwrap_or_default();
-        let wanted: Vec<String> = [
+        let offered = |c: &str| available.split_whitespace().any(|a| a == c);
+        let pick = |wanted: [(&str, bool); 3]| -> Vec<String> {
+            wanted
+                .into_iter()
+                .filter(|(c, want)| *want && offered(c))
+                .map(|(c, _)| c.to_string())
+                .collect()
+        };
+        let for_jobs = pick([
             ("memory", limits.memory_max.is_some()),
             ("pids", limits.pids_max.is_some()),
             ("cpu", limits.cpu_max.is_some()),
-        ]
-        .into_iter()
-        .filter(|(c, want)| *want && available.split_whitespace().any(|a| a == *c))
-        .map(|(c, _)| c.to_string())
-        .collect();
+        ]);
+        let mut notes = Vec::new();
+        let mut for_parent = pick([
+            ("memory", parent.memory_high.is_some()),
+            ("io", parent.io),
+            ("cpu", parent.cpu),
+        ]);
+        let mut own_enable = for_parent.clone();
+        own_enable.extend(for_jobs.iter().filter(|c| !for_parent.contains(c)).cloned());
         let base = Base::claim(own, name)?;
         let dir = base.path.clone();
-        if !wanted.is_empty() {
+        if !own_enable.is_empty() {
             // Processes may not sit in a cgroup that hands controllers down.
             let leaf = own.join(format!("{name}-supervisor"));
             fs::create_dir_all(&leaf)?;
@@ -405,14 +546,65 @@ impl Cgroups {
             for helper in helpers {
                 write(&leaf.join("cgroup.procs"), &helper.to_string())?;
             }
-            let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
-            write(&own.join("cgroup.subtree_control"), &enable.join(" "))?;
-            write(&dir.join("cgroup.subtree_control"), &enable.join(" "))?;
+            let plus = |list: &[String]| {
+                list.iter()
+                    .map(|c| format!("+{c}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            if !for_jobs.is_empty() {
+                write(&own.join("cgroup.subtree_control"), &plus(&for_jobs))?;
+                write(&dir.join("cgroup.subtree_control"), &plus(&for_jobs))?;
+            }
+            // The jobs' yielding is not worth the limits: a controller the
+            // kernel will not hand down here is said, and done without.
+            for controller in own_enable.iter().filter(|c| !for_jobs.contains(c)) {
+                if let Err(e) = write(
+                    &own.join("cgroup.subtree_control"),
+                    &format!("+{controller}"),
+                ) {
+                    for_parent.retain(|c| c != controller);
+                    notes.push(format!(
+                        "no {controller} controller for the jobs' cgroup: {e}"
+                    ));
+                }
+            }
         }
         if !dir.join("cgroup.kill").exists() {
             return Err(io::Error::other("this kernel has no cgroup.kill"));
         }
-        Ok((base, wanted))
+        if let Some((_, false)) = parent.memory_high
+            && let Ok(high) = fs::read_to_string(own.join("memory.high"))
+            && high.trim() != "max"
+        {
+            // A service manager's MemoryHigh= above: it, not a default, rules.
+            for_parent.retain(|c| c != "memory");
+            notes.push(format!(
+                "memory.high left to {} ({}), as the service manager set it",
+                own.display(),
+                high.trim()
+            ));
+        }
+        if parent.cpu
+            && fs::read_to_string(own.join("cpu.idle")).is_ok_and(|idle| idle.trim() != "1")
+            && let Ok(weight) = fs::read_to_string(own.join("cpu.weight"))
+            && weight
+                .trim()
+                .parse::<u32>()
+                .is_ok_and(|w| w > JOBS_CPU_WEIGHT)
+        {
+            notes.push(format!(
+                "the supervisor's own cgroup {} has cpu.weight {}: jobs yield within it, but it competes with the site at that weight; give its unit CPUWeight=idle (the packaged units do)",
+                own.display(),
+                weight.trim()
+            ));
+        }
+        Ok(PreparedV2 {
+            base,
+            for_jobs,
+            for_parent,
+            notes,
+        })
     }
 
     /// Every hierarchy of ours.
@@ -478,6 +670,12 @@ impl Cgroups {
         parts.join("; ")
     }
 
+    /// What our directories got for the jobs to yield, and what could not
+    /// be set, for the start-up log.
+    pub fn yielded(&self) -> &[String] {
+        &self.yielded
+    }
+
     /// Makes a job's cgroups with `limits`. Each directory is made, and
     /// its limits written, relative to its base's open directory; a base
     /// found removed is made again first.
@@ -492,6 +690,7 @@ impl Cgroups {
             unified: None,
             memory_v2: false,
             memory_v1: None,
+            starved_us: std::sync::atomic::AtomicU64::new(NOT_READ),
         };
         if let Some(hierarchy) = &self.unified {
             let (base, dir) = hierarchy.make(&self.name, &name)?;
@@ -524,6 +723,21 @@ impl Cgroups {
             job.unified = Some(dir);
         }
         for (controller, hierarchy) in &self.v1 {
+            let needs_dir = match *controller {
+                "memory" => limits.memory_max.is_some(),
+                "pids" => limits.pids_max.is_some(),
+                _ => limits.cpu_max.is_some(),
+            };
+            if !needs_dir {
+                // No limit of its own here: the job joins our directory,
+                // which is all it needs (cpu.idle, the soft limit).
+                let mut base = hierarchy.base();
+                if !base.path.exists() {
+                    base = hierarchy.make_again(&base, &self.name)?;
+                }
+                job.tasks.push(base.path.join("tasks"));
+                continue;
+            }
             let (base, dir) = hierarchy.make(&self.name, &name)?;
             job.dirs.push(dir.clone());
             job.bases.push(base.clone());
@@ -560,6 +774,28 @@ impl Cgroups {
 }
 
 impl JobCgroup {
+    /// How long the job had a process ready to run but waiting for a CPU
+    /// (its v2 directory's `cpu.pressure`, `some total`): the time the
+    /// site, or other jobs, kept it from running. `None` without a v2
+    /// directory or PSI. Read while the directory lasts, and kept.
+    pub fn starved(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering;
+        let kept = self.starved_us.load(Ordering::SeqCst);
+        if kept != NOT_READ {
+            return Some(Duration::from_micros(kept));
+        }
+        let text = fs::read_to_string(self.unified.as_ref()?.join("cpu.pressure")).ok()?;
+        let total = text
+            .lines()
+            .find(|l| l.starts_with("some "))?
+            .split_whitespace()
+            .find_map(|field| field.strip_prefix("total="))?
+            .parse::<u64>()
+            .ok()?;
+        self.starved_us.store(total, Ordering::SeqCst);
+        Some(Duration::from_micros(total))
+    }
+
     /// The job's v2 directory: the spawner clones the worker into it
     /// (`CLONE_INTO_CGROUP`), or the worker writes itself into its
     /// `cgroup.procs` before its exec where the kernel cannot.
@@ -637,6 +873,8 @@ impl JobCgroup {
         if self.removed.load(std::sync::atomic::Ordering::SeqCst) {
             return true;
         }
+        // Read before the directory goes (kept for the job's report).
+        let _ = self.starved();
         let all = self.bases.iter().all(|base| base.remove(&self.name));
         if all {
             self.removed

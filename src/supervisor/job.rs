@@ -210,6 +210,7 @@ impl JobTask {
         let Ran {
             finished,
             oom,
+            starved,
             worker,
             run_started,
         } = match ran? {
@@ -264,6 +265,13 @@ impl JobTask {
             run_started.elapsed().as_secs_f64(),
             finished.ending == process::Ending::TimedOut,
         );
+        if let Some(starved) = starved {
+            crate::metrics::job_starved(&worker, starved.as_secs_f64());
+            tracing::debug!(
+                starved_ms = starved.as_millis() as u64,
+                "time the job waited for a CPU"
+            );
+        }
         Ok(Outcome::Decided(
             decision,
             Some(report::run_facts(&finished)),
@@ -417,6 +425,7 @@ impl JobTask {
         .await;
         drop(backoff);
         let oom = job_sandbox.oom_killed();
+        let starved = job_sandbox.starved();
         // Empty cgroups (the usual end) are removed here; killing what is
         // left and waiting for it to go is not for the async threads.
         let emptied = job_sandbox.ended_empty()
@@ -451,6 +460,7 @@ impl JobTask {
         Ok(Leased::Ran(Ran {
             finished,
             oom,
+            starved,
             worker,
             run_started,
         }))
@@ -586,6 +596,8 @@ struct Ran {
     finished: std::io::Result<process::Finished>,
     /// Whether the kernel killed part of the job for lack of memory.
     oom: bool,
+    /// How long it waited for a CPU, where its cgroup tells.
+    starved: Option<std::time::Duration>,
     /// The worker's name, for the metrics.
     worker: String,
     run_started: std::time::Instant,

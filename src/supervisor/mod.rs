@@ -32,6 +32,7 @@ pub mod spool;
 pub mod status;
 pub mod uids;
 pub mod worker_path;
+pub mod yielding;
 
 mod held;
 mod job;
@@ -322,6 +323,10 @@ impl Generation {
 
     fn describe(&self) {
         tracing::info!("sandbox: {}", self.sandboxes[0].describe());
+        tracing::info!(
+            "jobs yield to the site: {}",
+            self.sandboxes[0].describe_yielding()
+        );
         if let Some(shared) = self.sandboxes[0].shared() {
             tracing::warn!("{shared}");
         }
@@ -423,7 +428,7 @@ impl Supervisor {
         let cgroups = self
             .host
             .cgroups
-            .get_or_init(|| sandbox::Sandbox::cgroups(&all));
+            .get_or_init(|| sandbox::Sandbox::cgroups(&all, &settings.yielding));
         let mut generation =
             Generation::build(Arc::clone(&settings), cgroups).map_err(SupervisorError::Io)?;
         generation

@@ -307,6 +307,7 @@ async fn spawn_by(
         unified: setup.unified.as_ref().map(|u| u.dir.as_bytes().to_vec()),
         tasks: setup.tasks.iter().map(|p| p.as_bytes().to_vec()).collect(),
         rlimits: setup.rlimits.clone(),
+        priority: setup.priority,
         umask: setup.umask,
         credentials: setup.credentials.as_ref().map(|c| {
             super::spawner::protocol::WireCredentials {

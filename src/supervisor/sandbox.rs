@@ -30,6 +30,7 @@ use super::cgroup::{CgroupLimits, Cgroups, JobCgroup};
 use super::landlock;
 use super::leftovers::Leftovers;
 use super::uids::{ClaimedUid, UidPool, UidRange};
+use super::yielding::{WorkerPriority, YieldSettings};
 
 /// The sandbox's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +54,8 @@ pub struct SandboxSettings {
     pub read_only: bool,
     /// Give workers a /tmp of their own.
     pub private_tmp: bool,
+    /// How workers yield the CPU and the disks (see [`super::yielding`]).
+    pub priority: WorkerPriority,
 }
 
 /// Resource limits (`setrlimit`), each as both soft and hard limit.
@@ -198,7 +201,10 @@ impl Sandbox {
     /// Finds the cgroups for every set of settings in use (the union of
     /// their limits; `pids.max` is always set where cgroups exist, so that a
     /// fork bomb is contained by default). `Err` says why there are none.
-    pub fn cgroups(all: &[&SandboxSettings]) -> Result<Arc<Cgroups>, String> {
+    pub fn cgroups(
+        all: &[&SandboxSettings],
+        yielding: &YieldSettings,
+    ) -> Result<Arc<Cgroups>, String> {
         if !nix::unistd::geteuid().is_root() {
             return Err("not running as root".into());
         }
@@ -207,7 +213,8 @@ impl Sandbox {
             pids_max: Some(DEFAULT_PIDS_MAX),
             cpu_max: all.iter().find_map(|s| s.cgroup.cpu_max),
         };
-        Cgroups::detect(&union).map(Arc::new)
+        let parent = yielding.parent(super::yielding::total_memory());
+        Cgroups::detect(&union, &parent).map(Arc::new)
     }
 
     /// Resolves the user and checks what the settings need, with the
@@ -313,6 +320,21 @@ impl Sandbox {
                 "workers share uid {supervisor}, the supervisor's own: a job can read another's scratch directory, stdin and environment, signal it and the supervisor, and read the API token the supervisor holds, and so read, change and delete every job (run the supervisor as root for a uid per job)"
             )),
         }
+    }
+
+    /// One line for the start-up log: how its jobs yield to the site.
+    pub fn describe_yielding(&self) -> String {
+        let workers = self.settings.priority.describe();
+        let parent = match &self.cgroups {
+            Ok(cgroups) if cgroups.yielded().is_empty() => {
+                "the jobs' cgroup: nothing asked".to_string()
+            }
+            Ok(cgroups) => format!("the jobs' cgroup: {}", cgroups.yielded().join("; ")),
+            Err(why) => format!(
+                "no cgroup of the jobs' own ({why}), so only the workers' own priority is left: a job yields to the supervisor's group, not to the site's"
+            ),
+        };
+        format!("workers: {workers}; {parent}")
     }
 
     /// One line for the start-up log: what is in force.
@@ -425,6 +447,7 @@ impl Sandbox {
             unified,
             tasks,
             rlimits: rlimit_list(&self.settings.rlimits),
+            priority: self.settings.priority,
             umask: self.settings.umask,
             credentials,
             own_keyrings,
@@ -479,7 +502,12 @@ impl JobSandbox {
         self.cgroup.clone()
     }
 
-    /// Whether the kernel killed something in the job for lack of memory.
+    /// How long the job waited for a CPU (see [`JobCgroup::starved`]).
+    pub fn starved(&self) -> Option<std::time::Duration> {
+        self.cgroup.as_deref().and_then(JobCgroup::starved)
+    }
+
+    /// Whether the kernel killed part of the job for lack of memory.
     pub fn oom_killed(&self) -> bool {
         self.cgroup.as_deref().is_some_and(JobCgroup::oom_killed)
     }
@@ -514,6 +542,9 @@ fn rlimit_list(limits: &Rlimits) -> Vec<(libc::__rlimit_resource_t, u64)> {
         (libc::RLIMIT_NPROC, limits.processes),
         (libc::RLIMIT_FSIZE, limits.file_size),
         (libc::RLIMIT_CORE, limits.core),
+        // No raising of its own CPU priority: leaving SCHED_IDLE or lowering
+        // its nice level needs a nice limit above the level asked.
+        (libc::RLIMIT_NICE, Some(0)),
     ] {
         if let Some(value) = value {
             // Never ask for more than the current hard limit: only root may
@@ -585,6 +616,7 @@ pub struct ChildSetup {
     /// The job's v1 `tasks` files (see [`JobCgroup::v1_tasks`]).
     pub(super) tasks: Vec<CString>,
     pub(super) rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    pub(super) priority: WorkerPriority,
     pub(super) umask: u32,
     pub(super) credentials: Option<Credentials>,
     /// The uid is the job's own: see [`own_keyrings`].
@@ -611,6 +643,7 @@ impl ChildSetup {
             unified: None,
             tasks: Vec::new(),
             rlimits: Vec::new(),
+            priority: WorkerPriority::default(),
             umask: 0o077,
             credentials: None,
             own_keyrings: false,
@@ -668,6 +701,9 @@ impl ChildSetup {
                     s.options.as_ptr().cast(),
                 ))?;
             }
+            // Before the rlimits, which take RLIMIT_NICE to 0 so that the
+            // worker cannot undo it.
+            self.priority.apply()?;
             for &(resource, value) in &self.rlimits {
                 let limit = libc::rlimit {
                     rlim_cur: value,

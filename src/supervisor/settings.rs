@@ -12,6 +12,7 @@ use super::gate::{GateLimits, ProcLoad};
 use super::report::RetryPolicy;
 use super::sandbox::{Rlimits, SandboxSettings, parse_umask};
 use super::uids::UidRange;
+use super::yielding::{MemoryHigh, YieldSettings};
 use crate::config::{ConfigError, SupervisorOptions, WorkerKind};
 use crate::protocol::{CreateJob, NamePattern, Priority, Repeat, check_data, check_name};
 
@@ -64,6 +65,8 @@ pub struct Settings {
     pub pool: Option<String>,
     /// How PHP workers run, when any job's worker kind is `bwm-php`.
     pub php: Option<PhpSettings>,
+    /// How jobs yield to the site.
+    pub yielding: YieldSettings,
 }
 
 /// The settings that may differ by job name.
@@ -257,6 +260,7 @@ impl Settings {
             state_dir: state_dir.to_path_buf(),
             pool: None,
             php,
+            yielding: yield_settings(options)?,
         })
     }
 }
@@ -361,6 +365,26 @@ fn backoff_settings(options: &SupervisorOptions) -> Result<BackoffSettings, Conf
     })
 }
 
+/// Resolves how jobs yield to the site.
+fn yield_settings(options: &SupervisorOptions) -> Result<YieldSettings, ConfigError> {
+    let setting = ConfigError::Setting;
+    Ok(YieldSettings {
+        cpu: options.yield_cpu.unwrap_or(true),
+        nice: options
+            .job_nice
+            .map(YieldSettings::check_nice)
+            .transpose()
+            .map_err(setting)?,
+        io: options.yield_io.unwrap_or(true),
+        memory_high: options
+            .jobs_memory_high
+            .as_deref()
+            .map(MemoryHigh::parse)
+            .transpose()
+            .map_err(setting)?,
+    })
+}
+
 /// Resolves the per-job settings of `options` (the supervisor-wide ones, or
 /// a `[[job]]` table's on top of them).
 fn job_settings(
@@ -433,6 +457,7 @@ fn job_settings(
             no_network: options.no_network.unwrap_or(false),
             read_only: options.read_only_fs.unwrap_or(false),
             private_tmp: options.private_tmp.unwrap_or(false),
+            priority: yield_settings(options)?.worker(),
         },
         max_concurrency,
         kind: options.worker_kind.unwrap_or_default(),
@@ -605,6 +630,16 @@ impl Settings {
             ("no-network", sandbox.no_network.to_string()),
             ("read-only-fs", sandbox.read_only.to_string()),
             ("private-tmp", sandbox.private_tmp.to_string()),
+            ("yield-cpu", self.yielding.cpu.to_string()),
+            (
+                "job-nice",
+                optional(self.yielding.nice.map(|n| n.to_string())),
+            ),
+            ("yield-io", self.yielding.io.to_string()),
+            (
+                "jobs-memory-high",
+                optional(self.yielding.memory_high.map(|m| text(&m.to_string()))),
+            ),
         ]
     }
 }

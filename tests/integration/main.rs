@@ -78,3 +78,4 @@ mod ui_last_hour;
 mod ui_login;
 mod ui_output;
 mod wake_ups;
+mod yielding;

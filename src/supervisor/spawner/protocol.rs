@@ -5,6 +5,8 @@
 
 use std::io;
 
+use crate::supervisor::yielding::WorkerPriority;
+
 /// The largest record either side sends (a spawn request's program,
 /// arguments, environment and paths).
 pub const MAX_RECORD: usize = 512 * 1024;
@@ -44,6 +46,8 @@ pub struct SpawnRequest {
     pub tasks: Vec<Vec<u8>>,
     /// rlimits: resource and value.
     pub rlimits: Vec<(u32, u64)>,
+    /// Its CPU and I/O priority.
+    pub priority: WorkerPriority,
     /// The umask.
     pub umask: u32,
     /// Who it runs as, if not the spawner's own user.
@@ -211,6 +215,9 @@ impl Request {
                     w.u32(resource);
                     w.u64(value);
                 }
+                let (flags, nice) = s.priority.encode();
+                w.u8(flags);
+                w.u32(nice as u32);
                 w.u32(s.umask);
                 match &s.credentials {
                     None => w.u8(0),
@@ -265,6 +272,9 @@ impl Request {
                 let rlimits = (0..n)
                     .map(|_| Ok((r.u32()?, r.u64()?)))
                     .collect::<io::Result<_>>()?;
+                let flags = r.u8()?;
+                let nice = r.u32()? as i32;
+                let priority = WorkerPriority::decode(flags, nice)?;
                 let umask = r.u32()?;
                 let credentials = match r.u8()? {
                     0 => None,
@@ -289,6 +299,7 @@ impl Request {
                     unified,
                     tasks,
                     rlimits,
+                    priority,
                     umask,
                     credentials,
                     own_keyrings: r.bool()?,
@@ -363,6 +374,11 @@ mod tests {
             unified: Some(b"/sys/fs/cgroup/x".to_vec()),
             tasks: vec![b"/sys/fs/cgroup/pids/x/tasks".to_vec()],
             rlimits: vec![(7, 1024)],
+            priority: WorkerPriority {
+                sched_idle: true,
+                nice: None,
+                io_idle: true,
+            },
             umask: 0o077,
             credentials: Some(WireCredentials {
                 uid: 1000,

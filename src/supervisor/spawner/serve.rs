@@ -489,6 +489,7 @@ fn spawn_worker(
             .map(|p| c_string(p))
             .collect::<Result<_, _>>()?,
         rlimits: spawn.rlimits.clone(),
+        priority: spawn.priority,
         umask: spawn.umask,
         credentials: spawn.credentials.as_ref().map(|c| Credentials {
             name: String::new(),
@@ -726,7 +727,7 @@ mod tests {
                 .then_some(64),
             ..CgroupLimits::default()
         };
-        let cgroups = match Cgroups::detect(&limits) {
+        let cgroups = match Cgroups::detect(&limits, &Default::default()) {
             Ok(cgroups) => cgroups,
             Err(why) => {
                 eprintln!(

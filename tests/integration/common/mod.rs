@@ -986,6 +986,8 @@ pub struct SupervisorBuilder {
     cgroup_procs: Vec<std::ffi::CString>,
     /// Whether its scratch directory and spool are left to their defaults.
     default_state: bool,
+    /// Whether its jobs yield the CPU and disks (the product's default).
+    yielding: bool,
 }
 
 impl Supervisor {
@@ -1025,6 +1027,7 @@ impl Supervisor {
             wrapper: Vec::new(),
             cgroup_procs: Vec::new(),
             default_state: false,
+            yielding: false,
         }
     }
 
@@ -1209,6 +1212,16 @@ impl SupervisorBuilder {
         self
     }
 
+    /// Lets its jobs yield the CPU and the disks, as the product does by
+    /// default. Other tests turn it off: on a machine busy with other tests
+    /// and builds, an idle-priority worker waits for as long as they keep
+    /// the cores busy, and the time a test waits would measure the machine.
+    /// The yielding itself is tested with this on.
+    pub fn yielding(mut self) -> Self {
+        self.yielding = true;
+        self
+    }
+
     /// A worker script (made executable) in the worker directory.
     pub fn worker(mut self, name: &str, script: &str) -> Self {
         self.workers.push((name.to_string(), script.to_string()));
@@ -1287,6 +1300,9 @@ impl SupervisorBuilder {
             .stdin(Stdio::null());
         if let Some(user) = &self.user {
             command.arg("--user").arg(user);
+        }
+        if !self.yielding {
+            command.args(["--yield-cpu=false", "--yield-io=false"]);
         }
         if !self.cgroup_procs.is_empty() {
             use std::os::unix::process::CommandExt;
