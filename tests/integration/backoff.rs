@@ -519,3 +519,35 @@ fn without_cgroups_a_job_is_stopped_and_continued() {
         sup.logs()
     );
 }
+
+/// A frozen job whose lease is lost is stopped as any other: thawed first,
+/// so that its SIGTERM reaches it (a frozen process would only die of the
+/// SIGKILL after the grace).
+#[test]
+fn a_frozen_job_stopped_for_a_lost_lease_is_thawed_to_take_its_sigterm() {
+    let server = Server::start();
+    let api = server.api();
+    let marks = tempfile::tempdir().unwrap();
+    let d = marks.path().display();
+    let worker = sh(&format!(
+        "trap 'echo term > \"{d}/termed\"; exit 0' TERM\necho $$ > '{d}/pid.tmp' && mv '{d}/pid.tmp' '{d}/pid'\nwhile :; do sleep 0.05; done"
+    ));
+    let sup = Supervisor::builder(&server.url)
+        .worker("Lost", &worker)
+        .arg("--lease")
+        .arg("1s")
+        .start();
+    let id = api.create(json!({"name": "Lost"}));
+    let pid = worker_pid(marks.path(), &sup);
+    press(sup.dir.path(), 60.0);
+    wait_for("the job to be frozen", &sup, || frozen(pid).then_some(()));
+    // Someone else's lease now: the next renewal is refused.
+    let changed = server.store_execute(&format!(
+        "UPDATE jobs SET lease_token = 'taken-by-another' WHERE job_id = {id}"
+    ));
+    assert_eq!(changed, 1);
+    wait_for("the worker to take its SIGTERM", &sup, || {
+        marks.path().join("termed").exists().then_some(())
+    });
+    assert!(sup.stderr().contains("lease lost"), "{}", sup.stderr());
+}
