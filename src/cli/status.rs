@@ -195,3 +195,54 @@ pub fn render(status: &Status, now: Timestamp) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::status::StatusBoard;
+
+    #[test]
+    fn the_back_off_and_each_jobs_time_frozen_are_shown() {
+        let board = StatusBoard::new("embedded");
+        let pool = board.pool("main", "*", 2.0, 4);
+        let frozen = pool.running(7, "www/Report", false);
+        frozen.started(4242);
+        frozen.frozen(true, Duration::from_secs(95));
+        let _calm = pool.running(8, "www/Mail", false);
+        board.backoff(BackoffStatus {
+            state: "freezing".into(),
+            signal: "site cgroups /system.slice/php.service".into(),
+            pressure: Some(31.5),
+            pause: Some(10.0),
+            freeze: Some(25.0),
+            thaw_below: Some(10.0),
+            max_freeze_ms: 300_000,
+            frozen: 1,
+        });
+        let status = board.snapshot();
+        let text = render(&status, Timestamp(status.started));
+        assert!(
+            text.contains(
+                "back-off: freezing, pressure 31.50% of site cgroups /system.slice/php.service; pause at 10.00%, freeze at 25.00%, thaw below 10.00%, max-freeze 5m; 1 job frozen"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("2 of 4 workers busy, 1 frozen"), "{text}");
+        let row = text.lines().find(|l| l.contains("www/Report")).unwrap();
+        assert!(row.ends_with("now, 1m 35s in all"), "{row}");
+        let row = text.lines().find(|l| l.contains("www/Mail")).unwrap();
+        assert!(row.ends_with(" -"), "{row}");
+
+        let mut off = status.clone();
+        off.backoff = Some(BackoffStatus {
+            state: "off".into(),
+            signal: "none: /proc/pressure/memory does not exist".into(),
+            ..BackoffStatus::default()
+        });
+        let text = render(&off, Timestamp(off.started));
+        assert!(
+            text.contains("back-off: off (none: /proc/pressure/memory does not exist)"),
+            "{text}"
+        );
+    }
+}
