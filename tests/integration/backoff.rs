@@ -241,7 +241,14 @@ fn a_job_frozen_for_max_freeze_is_thawed_with_a_warning_though_the_pressure_stay
             })
             .then_some(())
     });
-    assert!(!frozen(pid), "thawed by max-freeze: {}", sup.logs());
+    wait_for("the job to be thawed by max-freeze", &sup, || {
+        (!frozen(pid)).then_some(())
+    });
+    assert_eq!(
+        status(&sup)["backoff"]["pressure"],
+        90.0,
+        "the site is still pressed"
+    );
     std::fs::write(marks.path().join("go"), "").unwrap();
     wait_for("the job to finish while the site is pressed", &sup, || {
         api.state(id).is_none().then_some(())
