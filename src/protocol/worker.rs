@@ -27,8 +27,8 @@ pub struct WorkerInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<f64>,
     /// How many of the jobs it runs are frozen now, the site being
-    /// pressed (left out when none: a server older than this field refuses
-    /// it, and then hears of none).
+    /// pressed; left out when none (a server older than this field refuses
+    /// it, and the supervisor then leaves it out).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub frozen: u32,
 }
