@@ -558,3 +558,43 @@ fn a_frozen_job_stopped_for_a_lost_lease_is_thawed_to_take_its_sigterm() {
     });
     assert!(sup.stderr().contains("lease lost"), "{}", sup.stderr());
 }
+
+/// The thresholds are re-read on SIGHUP and apply at once.
+#[test]
+fn a_reload_changes_the_thresholds() {
+    let server = Server::start();
+    let api = server.api();
+    let marks = tempfile::tempdir().unwrap();
+    let builder =
+        Supervisor::builder(&server.url).worker("Reloaded", &waiting_worker(marks.path()));
+    let config = builder.path().join("jobmgr.toml");
+    std::fs::write(&config, "freeze-pressure = \"off\"\n").unwrap();
+    let sup = builder
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .start();
+    let id = api.create(json!({"name": "Reloaded"}));
+    let pid = worker_pid(marks.path(), &sup);
+    press(sup.dir.path(), 60.0);
+    wait_for("the reading of 60% with freezing off", &sup, || {
+        let backoff = status(&sup)["backoff"].clone();
+        (backoff["pressure"] == 60.0 && backoff["state"] == "paused").then_some(())
+    });
+    assert!(
+        !frozen(pid),
+        "frozen with freeze-pressure off: {}",
+        sup.logs()
+    );
+
+    std::fs::write(&config, "freeze-pressure = 50\n").unwrap();
+    sup.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for("the job to be frozen after the reload", &sup, || {
+        frozen(pid).then_some(())
+    });
+    press(sup.dir.path(), 0.0);
+    wait_for("the job to thaw", &sup, || (!frozen(pid)).then_some(()));
+    std::fs::write(marks.path().join("go"), "").unwrap();
+    wait_for("the job to finish", &sup, || {
+        api.state(id).is_none().then_some(())
+    });
+}
