@@ -931,15 +931,6 @@ impl JobCgroup {
         self.write_freeze("0")
     }
 
-    /// Whether the kernel reports the job's v2 cgroup frozen
-    /// (`cgroup.events` says `frozen 1`: every process is stopped).
-    pub fn frozen_now(&self) -> bool {
-        self.unified.as_ref().is_some_and(|dir| {
-            fs::read_to_string(dir.join("cgroup.events"))
-                .is_ok_and(|events| events.lines().any(|l| l == "frozen 1"))
-        })
-    }
-
     fn write_freeze(&self, value: &str) -> io::Result<bool> {
         let Some(dir) = &self.unified else {
             return Ok(false);
