@@ -172,8 +172,8 @@ pub fn render(status: &Status, now: Timestamp) -> String {
             .unwrap_or(0)
             .max(4);
         out.push_str(&format!(
-            "  {:>8}  {:width$}  {:>8}  ELAPSED  FROZEN\n",
-            "JOB", "NAME", "PID"
+            "  {:>8}  {:width$}  {:>8}  ELAPSED  {:13}  STARVED\n",
+            "JOB", "NAME", "PID", "FROZEN"
         ));
         for (id, job) in &pool.running {
             let pid = match job.pid {
@@ -186,8 +186,9 @@ pub fn render(status: &Status, now: Timestamp) -> String {
                 (false, 0) => "-".to_string(),
                 (false, ms) => seconds(ms),
             };
+            let starved = job.starved_ms.map_or("-".to_string(), seconds);
             out.push_str(&format!(
-                "  {id:>8}  {:width$}  {pid:>8}  {:7}  {frozen}\n",
+                "  {id:>8}  {:width$}  {pid:>8}  {:7}  {frozen:13}  {starved}\n",
                 job.name,
                 since(job.since, now)
             ));
@@ -202,12 +203,13 @@ mod tests {
     use crate::supervisor::status::StatusBoard;
 
     #[test]
-    fn the_back_off_and_each_jobs_time_frozen_are_shown() {
+    fn the_back_off_and_each_jobs_time_frozen_and_starved_are_shown() {
         let board = StatusBoard::new("embedded");
         let pool = board.pool("main", "*", 2.0, 4);
         let frozen = pool.running(7, "www/Report", false);
         frozen.started(4242);
         frozen.frozen(true, Duration::from_secs(95));
+        frozen.starved(Duration::from_millis(12_400));
         let _calm = pool.running(8, "www/Mail", false);
         board.backoff(BackoffStatus {
             state: "freezing".into(),
@@ -229,9 +231,11 @@ mod tests {
         );
         assert!(text.contains("2 of 4 workers busy, 1 frozen"), "{text}");
         let row = text.lines().find(|l| l.contains("www/Report")).unwrap();
-        assert!(row.ends_with("now, 1m 35s in all"), "{row}");
+        assert!(row.contains("now, 1m 35s in all"), "{row}");
+        assert!(row.ends_with(" 12s"), "starved 12 s: {row}");
         let row = text.lines().find(|l| l.contains("www/Mail")).unwrap();
-        assert!(row.ends_with(" -"), "{row}");
+        assert!(row.ends_with(" -              -"), "{row}");
+        assert!(text.contains("FROZEN         STARVED"), "{text}");
 
         let mut off = status.clone();
         off.backoff = Some(BackoffStatus {

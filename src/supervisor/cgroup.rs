@@ -784,6 +784,15 @@ impl JobCgroup {
         if kept != NOT_READ {
             return Some(Duration::from_micros(kept));
         }
+        let total = self.starved_now()?;
+        self.starved_us
+            .store(total.as_micros() as u64, Ordering::SeqCst);
+        Some(total)
+    }
+
+    /// As [`JobCgroup::starved`], read now and not kept (for a job that
+    /// runs).
+    pub fn starved_now(&self) -> Option<Duration> {
         let text = fs::read_to_string(self.unified.as_ref()?.join("cpu.pressure")).ok()?;
         let total = text
             .lines()
@@ -792,7 +801,6 @@ impl JobCgroup {
             .find_map(|field| field.strip_prefix("total="))?
             .parse::<u64>()
             .ok()?;
-        self.starved_us.store(total, Ordering::SeqCst);
         Some(Duration::from_micros(total))
     }
 

@@ -93,6 +93,10 @@ pub struct RunningJob {
     /// The time it spent frozen, in milliseconds.
     #[serde(default)]
     pub frozen_ms: u64,
+    /// The time it waited for a CPU (its cgroup's CPU pressure), in
+    /// milliseconds; `None` where its cgroup does not tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starved_ms: Option<u64>,
 }
 
 /// The status of the whole process, shared by its pools.
@@ -258,6 +262,7 @@ impl PoolBoard {
                     held,
                     frozen: false,
                     frozen_ms: 0,
+                    starved_ms: None,
                 },
             )
         });
@@ -312,6 +317,27 @@ impl OnBoard {
         {
             job.frozen = frozen;
             job.frozen_ms = frozen_ms;
+            board.dirty = true;
+        }
+    }
+}
+
+impl OnBoard {
+    /// Records how long the job has waited for a CPU so far (in whole
+    /// seconds, as the time frozen).
+    pub fn starved(&self, total: Duration) {
+        let starved_ms = Some(total.as_secs() * 1000);
+        let mut board = self
+            .pool
+            .board
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let pool = &mut board.status.pools[self.pool.index];
+        if let Some(job) = pool.running.get_mut(&self.id)
+            && job.starved_ms != starved_ms
+        {
+            job.starved_ms = starved_ms;
             board.dirty = true;
         }
     }

@@ -263,6 +263,9 @@ impl Backoff {
             frozen += usize::from(clock.frozen());
             total_ms += clock.frozen_for(now).as_millis() as u64;
             job.on_board.frozen(clock.frozen(), clock.frozen_for(now));
+            if let Some(starved) = job.tree.as_ref().and_then(|t| t.starved_now()) {
+                job.on_board.starved(starved);
+            }
         }
         // A job that ends between the two reads above may count twice for
         // a moment: the total only ever grows.

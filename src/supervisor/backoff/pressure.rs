@@ -14,10 +14,6 @@ use thiserror::Error;
 /// Where the kernel's system-wide pressure files are.
 pub const PROC_PRESSURE: &str = "/proc/pressure";
 
-/// The cgroup v2 mounts, in the order they are looked for: pure v2, then
-/// the unified tree of a hybrid host (as the sandbox finds it).
-const V2_MOUNTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
-
 /// The resources whose pressure a site cgroup is read for.
 const SITE_RESOURCES: [&str; 3] = ["cpu", "memory", "io"];
 
@@ -234,7 +230,7 @@ pub fn resolve(
     if !site.is_empty() {
         let mount = match pressure_dir {
             Some(dir) => dir.to_path_buf(),
-            None => v2_mount().ok_or(PressureError::NoV2Tree)?,
+            None => crate::supervisor::cgroup::unified_mount().ok_or(PressureError::NoV2Tree)?,
         };
         let mut cgroups = Vec::new();
         for given in site {
@@ -275,15 +271,6 @@ pub fn resolve(
     let signal = Signal::System(dir);
     signal.read()?;
     Ok(Ok(signal))
-}
-
-/// The cgroup v2 mount: `/sys/fs/cgroup` on a pure v2 host,
-/// `/sys/fs/cgroup/unified` on a hybrid one.
-fn v2_mount() -> Option<PathBuf> {
-    V2_MOUNTS
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|m| m.join("cgroup.procs").exists() && m.join("cgroup.controllers").exists())
 }
 
 #[cfg(test)]
