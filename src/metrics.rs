@@ -166,7 +166,7 @@ fn describe() {
     );
     describe_gauge!(
         "jobmgr_gate_state",
-        "1 for the gate's current state (open, load, memory, full, ramp, unreadable)"
+        "1 for the gate's current state (open, load, pressure, site_pressure, memory, full, ramp, unreadable)"
     );
     describe_gauge!(
         "jobmgr_load1",
@@ -175,6 +175,19 @@ fn describe() {
     describe_gauge!(
         "jobmgr_memory_available_bytes",
         "Available memory the gate last read"
+    );
+    describe_gauge!(
+        "jobmgr_site_pressure",
+        "The pressure the back-off follows (PSI avg10 of the site's cgroups, or the system's full avg10 of memory and I/O), percent"
+    );
+    describe_gauge!("jobmgr_jobs_frozen", "Jobs frozen by the back-off now");
+    describe_counter!(
+        "jobmgr_job_frozen_seconds_total",
+        "Time jobs spent frozen by the back-off, summed over jobs, in seconds"
+    );
+    describe_counter!(
+        "jobmgr_jobs_thawed_overdue_total",
+        "Jobs thawed because they were frozen for max-freeze while the site stayed pressed"
     );
     describe_counter!(
         "jobmgr_output_truncations_total",
@@ -212,7 +225,16 @@ fn describe() {
 }
 
 /// The gate states, for `jobmgr_gate_state`.
-const GATE_STATES: [&str; 6] = ["open", "load", "memory", "full", "ramp", "unreadable"];
+const GATE_STATES: [&str; 8] = [
+    "open",
+    "load",
+    "pressure",
+    "site_pressure",
+    "memory",
+    "full",
+    "ramp",
+    "unreadable",
+];
 
 /// Records a pool's gate state and the machine's last reading.
 ///
@@ -230,6 +252,22 @@ pub fn gate(pool: &str, state: &'static str, load1: Option<f64>, available: Opti
         gauge!("jobmgr_gate_state", "pool" => pool.to_string(), "state" => candidate)
             .set(if candidate == state { 1.0 } else { 0.0 });
     }
+}
+
+/// Records the back-off's last reading (percent; none while off or
+/// unreadable), the jobs it holds frozen now, and the time jobs spent
+/// frozen in all (milliseconds, shown in whole seconds).
+pub fn backoff(pressure: Option<f64>, frozen: usize, frozen_ms: u64) {
+    if let Some(pressure) = pressure {
+        gauge!("jobmgr_site_pressure").set(pressure);
+    }
+    gauge!("jobmgr_jobs_frozen").set(frozen as f64);
+    counter!("jobmgr_job_frozen_seconds_total").absolute(frozen_ms / 1000);
+}
+
+/// Counts a job thawed because it was frozen for max-freeze.
+pub fn thawed_overdue() {
+    counter!("jobmgr_jobs_thawed_overdue_total").increment(1);
 }
 
 /// A count of a pool's jobs in one state, as a gauge: the workers it runs

@@ -55,6 +55,10 @@ fn files() -> String {
             "/proc/loadavg, /proc/meminfo, /proc/pressure/cpu",
             "What the gate reads: load, available memory and CPU pressure; --loadavg-path, --meminfo-path, --cpu-pressure-path read files in their format instead (lxcfs in containers).",
         ),
+        (
+            "/proc/pressure/memory, /proc/pressure/io, /sys/fs/cgroup/SITE/*.pressure",
+            "What the back-off reads: the system-wide \"full avg10\" of memory and I/O, or with --site-cgroup the site's cgroups' \"some avg10\" of cpu, memory and io; --pressure-dir reads them under another directory (tests, containers).",
+        ),
     ];
     let mut out = String::from(".SH FILES\n");
     for (path, what) in items {

@@ -27,6 +27,10 @@ pub struct HttpSource {
     /// Set once the server refused the output sizes in `run` (a server that
     /// keeps run history but not the sizes): from then on they are left out.
     no_output_sizes: Arc<AtomicBool>,
+    /// Set once the server refused a supervisor's count of frozen jobs (a
+    /// server that keeps a worker registry, but not that): from then on it
+    /// is left out.
+    no_frozen: Arc<AtomicBool>,
     /// Reports sent together under load.
     batch: ReportBatch,
     /// Reports that go with the next fetch.
@@ -57,6 +61,7 @@ impl HttpSource {
             client: HttpClient::trusting(url, token, ca_cert)?,
             older_server: Arc::new(AtomicBool::new(false)),
             no_output_sizes: Arc::new(AtomicBool::new(false)),
+            no_frozen: Arc::new(AtomicBool::new(false)),
             batch: ReportBatch::default(),
             riders: Riders::default(),
         })
@@ -294,6 +299,30 @@ impl HttpSource {
         Ok(jobs)
     }
 
+    /// A supervisor's identity as this server takes it: without its count
+    /// of frozen jobs where the server refused that.
+    fn worker_json(&self, worker: &WorkerInfo) -> Value {
+        if self.no_frozen.load(Ordering::Relaxed) && worker.frozen > 0 {
+            return json!(WorkerInfo {
+                frozen: 0,
+                ..worker.clone()
+            });
+        }
+        json!(worker)
+    }
+
+    /// Whether `error` is the server's refusal of the count of frozen jobs
+    /// (a server older than it); if so, it is not sent again.
+    fn refused_frozen(&self, error: &ClientError) -> bool {
+        let refused = refused_field(error, "frozen");
+        if refused && !self.no_frozen.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "the job server's worker registry does not take a count of frozen jobs (it is older than this supervisor); leaving it out"
+            );
+        }
+        refused
+    }
+
     /// Sends a dequeue's `body`, saying which supervisor asks where the
     /// server keeps a worker registry.
     async fn send_dequeue(
@@ -305,12 +334,21 @@ impl HttpSource {
         match worker.filter(|_| !self.older_server.load(Ordering::Relaxed)) {
             Some(worker) => {
                 let mut with_worker = body.clone();
-                with_worker["worker"] = json!(worker);
-                match self
+                with_worker["worker"] = self.worker_json(worker);
+                let mut sent = self
                     .client
                     .call(Method::POST, "/dequeue", Some(&with_worker), timeout)
-                    .await
+                    .await;
+                if let Err(error) = &sent
+                    && self.refused_frozen(error)
                 {
+                    with_worker["worker"] = self.worker_json(worker);
+                    sent = self
+                        .client
+                        .call(Method::POST, "/dequeue", Some(&with_worker), timeout)
+                        .await;
+                }
+                match sent {
                     Err(error) if refused_field(&error, "worker") => {
                         self.older_server.store(true, Ordering::Relaxed);
                         tracing::warn!(
@@ -359,11 +397,24 @@ impl JobSource for HttpSource {
             if self.older_server.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            let body = json!({ "worker": worker });
-            self.client
-                .quick(Method::POST, "/workers", Some(&body))
-                .await
-                .map_err(source_error)?;
+            let mut sent = self
+                .client
+                .quick(
+                    Method::POST,
+                    "/workers",
+                    Some(&json!({ "worker": self.worker_json(worker) })),
+                )
+                .await;
+            if let Err(error) = &sent
+                && self.refused_frozen(error)
+            {
+                let body = json!({ "worker": self.worker_json(worker) });
+                sent = self
+                    .client
+                    .quick(Method::POST, "/workers", Some(&body))
+                    .await;
+            }
+            sent.map_err(source_error)?;
             Ok(())
         })
     }
@@ -669,5 +720,68 @@ mod tests {
                 "finish 2"
             ]
         );
+    }
+
+    /// A server whose worker registry does not know the count of frozen
+    /// jobs: it refuses a worker that carries one, and takes it without.
+    async fn registry_without_frozen() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let answer = |seen: Arc<std::sync::Mutex<Vec<String>>>, what: &'static str| {
+            move |axum::Json(body): axum::Json<Value>| async move {
+                let frozen = body["worker"].get("frozen").is_some();
+                seen.lock()
+                    .unwrap()
+                    .push(format!("{what}{}", if frozen { " frozen" } else { "" }));
+                if frozen {
+                    (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        axum::Json(json!({"code": "invalid_request",
+                            "message": "request body is not valid: worker: unknown field `frozen`, expected one of `id`, `host`, `pid`, `capacity`, `running`, `load`"})),
+                    )
+                } else {
+                    (axum::http::StatusCode::OK, axum::Json(json!({"jobs": []})))
+                }
+            }
+        };
+        let router = axum::Router::new()
+            .route(
+                "/dequeue",
+                axum::routing::post(answer(Arc::clone(&seen), "dequeue")),
+            )
+            .route(
+                "/workers",
+                axum::routing::post(answer(Arc::clone(&seen), "announce")),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (format!("http://{addr}"), seen)
+    }
+
+    #[tokio::test]
+    async fn a_registry_that_refuses_frozen_jobs_still_hears_from_the_supervisor_without() {
+        let (url, seen) = registry_without_frozen().await;
+        let source = HttpSource::new(&url, None).unwrap();
+        let mut worker = WorkerInfo::this_process(None, 4);
+        worker.running = 2;
+        worker.frozen = 1;
+        let fetch = |worker: &WorkerInfo| {
+            let worker = worker.clone();
+            let source = source.clone();
+            async move {
+                source
+                    .get_jobs_as("Any", 1, Duration::ZERO, Duration::from_secs(60), &worker)
+                    .await
+            }
+        };
+        fetch(&worker).await.unwrap();
+        source.announce(&worker).await.unwrap();
+        fetch(&worker).await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec!["dequeue frozen", "dequeue", "announce", "dequeue"],
+            "refused once, then left out; the worker still identified"
+        );
+        assert!(!source.older_server.load(Ordering::Relaxed));
     }
 }

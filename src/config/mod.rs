@@ -11,7 +11,9 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use values::{ByteSize, EnvPair, HumanDuration, WorkerKind, check_env_name, env_table};
+pub use values::{
+    ByteSize, EnvPair, HumanDuration, Threshold, WorkerKind, check_env_name, env_table,
+};
 
 /// The supervisor's options. Every field is optional: unset means "from the
 /// file, else the default".
@@ -193,6 +195,32 @@ pub struct SupervisorOptions {
     #[arg(help_heading = "Gate")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_CPU_PRESSURE_PATH")]
     pub cpu_pressure_path: Option<PathBuf>,
+    /// The site's cgroups, v2 paths as in /proc/PID/cgroup (e.g. /system.slice/php8.2-fpm.service), comma-separated: the back-off follows the highest "some avg10" of their cpu, memory and io pressure [default: none: the system-wide "full avg10" of memory and I/O]
+    #[arg(help_heading = "Yielding")]
+    #[arg(
+        long,
+        value_name = "PATH[,PATH…]",
+        env = "JOBMGR_SITE_CGROUP",
+        value_delimiter = ','
+    )]
+    #[serde(default, deserialize_with = "values::string_list")]
+    pub site_cgroup: Option<Vec<String>>,
+    /// Take no new job while the pressure the back-off follows is at or above this percentage, or off [default: 10]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "PCT|off", env = "JOBMGR_PAUSE_PRESSURE")]
+    pub pause_pressure: Option<Threshold>,
+    /// Freeze every running job while the pressure is at or above this percentage, or off; frozen jobs keep their leases and thaw below pause-pressure (below half this when pause-pressure is off) [default: 25]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "PCT|off", env = "JOBMGR_FREEZE_PRESSURE")]
+    pub freeze_pressure: Option<Threshold>,
+    /// A job frozen this long in one stretch is thawed anyway (with a warning) and not frozen again for as long [default: 5m]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "DURATION", env = "JOBMGR_MAX_FREEZE")]
+    pub max_freeze: Option<HumanDuration>,
+    /// For tests and containers: read pressure under DIR instead of the kernel's, DIR/memory and DIR/io in place of /proc/pressure/*, and DIR/SITE-CGROUP/*.pressure in place of the cgroup v2 mount's [default: /proc/pressure and the v2 mount]
+    #[arg(help_heading = "Yielding")]
+    #[arg(long, value_name = "DIR", env = "JOBMGR_PRESSURE_DIR")]
+    pub pressure_dir: Option<PathBuf>,
     /// The file holding the API token: the embedded server makes it at first start (mode 0600); with --server, read from it [default: token beside --db]
     #[arg(help_heading = "Server")]
     #[arg(long, value_name = "PATH", env = "JOBMGR_TOKEN_FILE")]
@@ -551,6 +579,11 @@ impl SupervisorOptions {
             meminfo_path,
             max_cpu_pressure,
             cpu_pressure_path,
+            site_cgroup,
+            pause_pressure,
+            freeze_pressure,
+            max_freeze,
+            pressure_dir,
             token_file,
             bedrock_trust_loopback,
             db,

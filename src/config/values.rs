@@ -168,6 +168,71 @@ pub fn server_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D:
     ))
 }
 
+/// A pressure threshold: a percentage above 0 and at most 100, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Threshold(pub Option<f64>);
+
+impl FromStr for Threshold {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let text = s.trim().trim_end_matches('%');
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(Threshold(None));
+        }
+        text.parse::<f64>()
+            .ok()
+            .filter(|p| p.is_finite() && *p > 0.0 && *p <= 100.0)
+            .map(|p| Threshold(Some(p)))
+            .ok_or_else(|| {
+                format!("{s:?} is not a pressure threshold; write a percentage above 0 and at most 100 (e.g. 10), or off")
+            })
+    }
+}
+
+impl<'de> Deserialize<'de> for Threshold {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(f64),
+            Text(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::Number(n) => n.to_string(),
+            Raw::Text(t) => t,
+        };
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Threshold {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Some(p) => s.serialize_f64(p),
+            None => s.serialize_str("off"),
+        }
+    }
+}
+
+/// Reads a list of strings: one string (which may list several separated
+/// by commas) or an array.
+pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let list = match OneOrMany::deserialize(d)
+        .map_err(|_| serde::de::Error::custom("expected a string, or an array of strings"))?
+    {
+        OneOrMany::One(text) => text.split(',').map(|s| s.trim().to_string()).collect(),
+        OneOrMany::Many(items) => items,
+    };
+    Ok(Some(list))
+}
+
 /// Writes pairs as a TOML table of `NAME = "VALUE"`.
 pub fn env_table_out<S: Serializer>(pairs: &Option<Vec<EnvPair>>, s: S) -> Result<S::Ok, S::Error> {
     let table: std::collections::BTreeMap<&str, &str> = pairs
@@ -195,6 +260,22 @@ mod tests {
         );
         assert!("soon".parse::<HumanDuration>().is_err());
         assert_eq!(ByteSize(128 << 20).to_string(), "128MiB");
+    }
+
+    #[test]
+    fn thresholds_are_percentages_or_off() {
+        assert_eq!("10".parse::<Threshold>(), Ok(Threshold(Some(10.0))));
+        assert_eq!("2.5%".parse::<Threshold>(), Ok(Threshold(Some(2.5))));
+        assert_eq!("100".parse::<Threshold>(), Ok(Threshold(Some(100.0))));
+        assert_eq!("off".parse::<Threshold>(), Ok(Threshold(None)));
+        assert_eq!("OFF".parse::<Threshold>(), Ok(Threshold(None)));
+        for bad in ["120", "0", "-5", "abc", "", "NaN", "inf"] {
+            let error = bad.parse::<Threshold>().unwrap_err();
+            assert!(
+                error.contains("at most 100") && error.contains("off"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! How a supervisor identifies itself to the server: who it is (host and
-//! pid, and its pool), how many jobs it can run, how many it runs, and its
-//! load. The server keeps the latest of these as its worker registry.
+//! pid, and its pool), how many jobs it can run, how many it runs (and how
+//! many of those are frozen), and its load. The server keeps the latest of these as its worker registry.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,15 @@ pub struct WorkerInfo {
     /// Its machine's one-minute load average, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load: Option<f64>,
+    /// How many of the jobs it runs are frozen now, the site being
+    /// pressed; left out when none (a server older than this field refuses
+    /// it, and the supervisor then leaves it out).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frozen: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl WorkerInfo {
@@ -48,6 +57,7 @@ impl WorkerInfo {
             capacity,
             running: 0,
             load: None,
+            frozen: 0,
         }
     }
 

@@ -522,6 +522,7 @@ impl Cgroups {
             ("pids", limits.pids_max.is_some()),
             ("cpu", limits.cpu_max.is_some()),
         ]);
+        let mut notes = Vec::new();
         let mut for_parent = pick([
             ("memory", parent.memory_high.is_some()),
             ("io", parent.io),
@@ -551,15 +552,27 @@ impl Cgroups {
                     .collect::<Vec<_>>()
                     .join(" ")
             };
-            write(&own.join("cgroup.subtree_control"), &plus(&own_enable))?;
             if !for_jobs.is_empty() {
+                write(&own.join("cgroup.subtree_control"), &plus(&for_jobs))?;
                 write(&dir.join("cgroup.subtree_control"), &plus(&for_jobs))?;
+            }
+            // The jobs' yielding is not worth the limits: a controller the
+            // kernel will not hand down here is said, and done without.
+            for controller in own_enable.iter().filter(|c| !for_jobs.contains(c)) {
+                if let Err(e) = write(
+                    &own.join("cgroup.subtree_control"),
+                    &format!("+{controller}"),
+                ) {
+                    for_parent.retain(|c| c != controller);
+                    notes.push(format!(
+                        "no {controller} controller for the jobs' cgroup: {e}"
+                    ));
+                }
             }
         }
         if !dir.join("cgroup.kill").exists() {
             return Err(io::Error::other("this kernel has no cgroup.kill"));
         }
-        let mut notes = Vec::new();
         if let Some((_, false)) = parent.memory_high
             && let Ok(high) = fs::read_to_string(own.join("memory.high"))
             && high.trim() != "max"
@@ -771,6 +784,15 @@ impl JobCgroup {
         if kept != NOT_READ {
             return Some(Duration::from_micros(kept));
         }
+        let total = self.starved_now()?;
+        self.starved_us
+            .store(total.as_micros() as u64, Ordering::SeqCst);
+        Some(total)
+    }
+
+    /// As [`JobCgroup::starved`], read now and not kept (for a job that
+    /// runs).
+    pub fn starved_now(&self) -> Option<Duration> {
         let text = fs::read_to_string(self.unified.as_ref()?.join("cpu.pressure")).ok()?;
         let total = text
             .lines()
@@ -779,7 +801,6 @@ impl JobCgroup {
             .find_map(|field| field.strip_prefix("total="))?
             .parse::<u64>()
             .ok()?;
-        self.starved_us.store(total, Ordering::SeqCst);
         Some(Duration::from_micros(total))
     }
 
@@ -900,6 +921,36 @@ impl JobCgroup {
             }
         }
         false
+    }
+
+    /// Freezes the job's v2 cgroup (`cgroup.freeze`, in every non-root v2
+    /// cgroup since Linux 5.2, controllers or not): every process of the
+    /// job stops where it is, those that left its process group included.
+    /// False when the job has no v2 cgroup, or it has no `cgroup.freeze`
+    /// (an older kernel): the caller stops its process group instead. Only
+    /// the job's own directory is frozen, never the parent: a worker being
+    /// started into a frozen cgroup would stop the spawner with it.
+    pub fn freeze(&self) -> io::Result<bool> {
+        self.write_freeze("1")
+    }
+
+    /// Thaws the job's v2 cgroup; false when it has none to thaw.
+    pub fn thaw(&self) -> io::Result<bool> {
+        self.write_freeze("0")
+    }
+
+    fn write_freeze(&self, value: &str) -> io::Result<bool> {
+        let Some(dir) = &self.unified else {
+            return Ok(false);
+        };
+        let file = dir.join("cgroup.freeze");
+        match fs::OpenOptions::new().write(true).open(&file) {
+            Ok(mut open) => io::Write::write_all(&mut open, value.as_bytes())
+                .map(|()| true)
+                .map_err(|e| naming(&file, e)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(naming(&file, e)),
+        }
     }
 }
 

@@ -24,6 +24,9 @@ pub struct LoadSample {
     /// some task waited for a CPU, in percent); `None` without a reading
     /// (no pressure gate, or a kernel without PSI).
     pub cpu_pressure: Option<f64>,
+    /// The site's pressure, as the back-off last read it (percent); `None`
+    /// while the back-off is off or cannot read it.
+    pub site_pressure: Option<f64>,
 }
 
 /// Where readings come from. The real one reads `/proc`; tests point it at
@@ -83,6 +86,7 @@ impl LoadSource for ProcLoad {
             load1,
             available_memory,
             cpu_pressure,
+            site_pressure: None,
         })
     }
 }
@@ -229,6 +233,9 @@ pub struct GateLimits {
     /// The CPU pressure (percent, `some avg10`) at or above which no new
     /// work starts; `None`: no pressure gate.
     pub max_cpu_pressure: Option<f64>,
+    /// The site's pressure (the back-off's signal, percent) at or above
+    /// which no new work starts; `None`: no pause.
+    pub pause_pressure: Option<f64>,
     /// The most workers at once, whatever the load.
     pub max_workers: usize,
     /// How many more concurrent workers are allowed each second, starting
@@ -257,6 +264,11 @@ impl GateLimits {
         {
             return Err(Closed::Pressure { pressure, max });
         }
+        if let (Some(pressure), Some(pause)) = (sample.site_pressure, self.pause_pressure)
+            && pressure >= pause
+        {
+            return Err(Closed::SitePressure { pressure, pause });
+        }
         if sample.available_memory < self.min_available_memory {
             return Err(Closed::Memory {
                 available: sample.available_memory,
@@ -283,6 +295,13 @@ pub enum Closed {
         pressure: f64,
         /// The limit, percent.
         max: f64,
+    },
+    /// The site's pressure is at or above the pause threshold.
+    SitePressure {
+        /// The reading, percent.
+        pressure: f64,
+        /// The threshold, percent.
+        pause: f64,
     },
     /// Available memory is below the floor.
     Memory {
@@ -317,6 +336,10 @@ impl fmt::Display for Closed {
                 f,
                 "CPU pressure {pressure:.2}% is at or above max-cpu-pressure {max:.2}%"
             ),
+            Closed::SitePressure { pressure, pause } => write!(
+                f,
+                "site pressure {pressure:.2}% is at or above pause-pressure {pause:.2}%"
+            ),
             Closed::Memory { available, floor } => write!(
                 f,
                 "available memory {} MiB is below the floor of {} MiB",
@@ -336,12 +359,13 @@ impl fmt::Display for Closed {
 }
 
 impl Closed {
-    /// A short name for logs and metrics: `load`, `pressure`, `memory`,
-    /// `full`, `ramp`, `unreadable`.
+    /// A short name for logs and metrics: `load`, `pressure`,
+    /// `site_pressure`, `memory`, `full`, `ramp`, `unreadable`.
     pub fn name(&self) -> &'static str {
         match self {
             Closed::Load { .. } => "load",
             Closed::Pressure { .. } => "pressure",
+            Closed::SitePressure { .. } => "site_pressure",
             Closed::Memory { .. } => "memory",
             Closed::Full { .. } => "full",
             Closed::Ramp { .. } => "ramp",
@@ -400,7 +424,10 @@ impl Gate {
         self.last_sample = Some(sample);
         let max_workers = self.limits.max_workers.max(1);
         if let Err(closed) = self.limits.machine_allows(&sample) {
-            if matches!(closed, Closed::Load { .. } | Closed::Pressure { .. }) {
+            if matches!(
+                closed,
+                Closed::Load { .. } | Closed::Pressure { .. } | Closed::SitePressure { .. }
+            ) {
                 // The machine is busy: the ramp starts again from what runs now.
                 self.ceiling = running.max(self.limits.ramp).min(max_workers);
                 self.last_raise = now;
@@ -449,6 +476,7 @@ mod tests {
             max_load: 4.0,
             min_available_memory: 100,
             max_cpu_pressure: Some(50.0),
+            pause_pressure: Some(10.0),
             max_workers: 10,
             ramp: 2,
             fetch_ahead: 0,
@@ -462,6 +490,7 @@ mod tests {
             load1,
             available_memory,
             cpu_pressure: None,
+            site_pressure: None,
         }
     }
 
@@ -659,6 +688,7 @@ mod tests {
                 load1: 1.5,
                 available_memory: 512 * 1024,
                 cpu_pressure: None,
+                site_pressure: None,
             }
         );
         std::fs::write(&loadavg, "garbage").unwrap();
@@ -688,6 +718,7 @@ mod tests {
             load1: 0.1,
             available_memory: 1000,
             cpu_pressure: Some(50.0),
+            site_pressure: None,
         }));
         assert_eq!(
             gate.check(0, &pressed, now),
@@ -697,6 +728,17 @@ mod tests {
             })
         );
         pressed.0.lock().unwrap().cpu_pressure = Some(49.9);
+        assert_eq!(gate.check(0, &pressed, now), Ok(2));
+        // The site's pressure pauses at its own threshold.
+        pressed.0.lock().unwrap().site_pressure = Some(10.0);
+        assert_eq!(
+            gate.check(0, &pressed, now),
+            Err(Closed::SitePressure {
+                pressure: 10.0,
+                pause: 10.0
+            })
+        );
+        pressed.0.lock().unwrap().site_pressure = Some(9.99);
         assert_eq!(gate.check(0, &pressed, now), Ok(2));
 
         let dir = tempfile::tempdir().unwrap();

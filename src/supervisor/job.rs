@@ -368,6 +368,17 @@ impl JobTask {
         let (executable, args, runner_env) = self.command(&program);
         let mut env = self.environment(attempt, scratch.path());
         env.extend(runner_env);
+        // Under the back-off from its start to its end: frozen while the
+        // site is pressed, thawed before it is stopped.
+        let backoff = self.shared.backoff.register(
+            super::backoff::JobFacts {
+                id: self.job.id,
+                name: self.job.name.clone(),
+                tree: job_sandbox.tree(),
+                on_board: Arc::clone(&on_board),
+            },
+            self.shared.drained.clone(),
+        );
         let spec = WorkerSpec {
             program: executable,
             args,
@@ -380,6 +391,7 @@ impl JobTask {
             on_spawn: Some(process::SpawnHook(Arc::new(move |pid| {
                 on_board.started(pid)
             }))),
+            freeze: Some(backoff.freeze()),
         };
 
         tracing::info!(worker = %program.display(), attempt, "starting worker");
@@ -411,6 +423,7 @@ impl JobTask {
             job_sandbox.tree(),
         )
         .await;
+        drop(backoff);
         let oom = job_sandbox.oom_killed();
         let starved = job_sandbox.starved();
         // Empty cgroups (the usual end) are removed here; killing what is

@@ -7,6 +7,7 @@
 //! fetching, SIGHUP reloads the configuration, and a change of the version
 //! watch file drains and exits for the service manager to restart it.
 
+pub mod backoff;
 pub mod bwm_php;
 pub mod cgroup;
 pub mod dirs;
@@ -102,6 +103,8 @@ pub struct Host {
     launcher: std::sync::Mutex<Option<Launcher>>,
     cgroups: std::sync::OnceLock<Result<Arc<cgroup::Cgroups>, String>>,
     scratch: std::sync::Mutex<Vec<Arc<scratch::ScratchParent>>>,
+    /// The back-off under site pressure, started by the first pool.
+    backoff: std::sync::OnceLock<backoff::Backoff>,
     /// What every pool is doing, for `jobmgr status`.
     pub status: status::StatusBoard,
 }
@@ -113,8 +116,17 @@ impl Host {
             launcher: std::sync::Mutex::default(),
             cgroups: std::sync::OnceLock::new(),
             scratch: std::sync::Mutex::default(),
+            backoff: std::sync::OnceLock::new(),
             status: status::StatusBoard::new(server),
         }
+    }
+
+    /// The back-off, started with `settings` by the first pool that asks
+    /// (every pool has the same: its settings are supervisor-wide).
+    fn backoff(&self, settings: &backoff::BackoffSettings) -> backoff::Backoff {
+        self.backoff
+            .get_or_init(|| backoff::Backoff::start(settings.clone(), self.status.clone()))
+            .clone()
     }
 
     /// The launcher, started on first use (under the lock, so that there is
@@ -179,6 +191,11 @@ struct Shared {
     running: crate::metrics::PoolGauge,
     /// Cancelled when the drain starts: held jobs go back at once.
     release_held: CancellationToken,
+    /// The back-off, which freezes and thaws running jobs.
+    backoff: backoff::Backoff,
+    /// Cancelled when the drain starts: the pool's jobs are thawed and not
+    /// frozen again.
+    drained: CancellationToken,
 }
 
 /// Settings and what is built from them, swapped whole on reload: the
@@ -420,6 +437,9 @@ impl Supervisor {
         generation.describe();
         *self.generation.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(generation));
         let launcher = self.host.launcher()?;
+        let backoff = self.host.backoff(&settings.backoff);
+        // The gate reads the site's pressure with the machine's load.
+        let load = backoff.over(Arc::clone(&self.load));
         let board = self.host.status.pool(
             settings.pool.as_deref().unwrap_or("main"),
             &settings.job_name,
@@ -437,11 +457,13 @@ impl Supervisor {
             no_worker_lines: quieter::Quieter::new(Duration::from_secs(60)),
             access: self.access.clone(),
             pool: settings.pool.as_deref().unwrap_or("main").to_string(),
-            load: Arc::clone(&self.load),
+            load: Arc::clone(&load),
             running: crate::metrics::PoolGauge::workers_running(
                 settings.pool.as_deref().unwrap_or("main"),
             ),
             release_held: CancellationToken::new(),
+            backoff: backoff.clone(),
+            drained: CancellationToken::new(),
         });
         let courier_stop = CancellationToken::new();
         let courier = tokio::spawn(courier(
@@ -462,6 +484,7 @@ impl Supervisor {
             worker_path = %settings.worker_path.display(),
             max_load = settings.gate.max_load,
             max_workers = settings.gate.max_workers,
+            backoff = %settings.backoff.describe(),
             "supervisor started"
         );
 
@@ -566,7 +589,7 @@ impl Supervisor {
                 settings.gate.max_workers,
             );
             let busy = worker_slots.busy(workers.len(), settings.gate.max_workers);
-            let checked = gate.check(busy, self.load.as_ref(), Instant::now());
+            let checked = gate.check(busy, load.as_ref(), Instant::now());
             let sample = gate.last_sample();
             // Jobs are held ahead only where they go back exactly (see
             // `JobSource::hands_back_exactly`), and not to a count of jobs.
@@ -646,6 +669,7 @@ impl Supervisor {
                     if last_presence.elapsed() >= settings.poll_wait.max(Duration::from_secs(1)) {
                         last_presence = Instant::now();
                         presence.running = u32::try_from(worker_slots.taken()).unwrap_or(u32::MAX);
+                        presence.frozen = board.frozen();
                         presence.capacity =
                             u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX);
                         presence.load = sample.map(|s| s.load1);
@@ -672,6 +696,7 @@ impl Supervisor {
                 None => slots,
             };
             presence.running = u32::try_from(worker_slots.taken()).unwrap_or(u32::MAX);
+            presence.frozen = board.frozen();
             presence.capacity = u32::try_from(settings.gate.max_workers).unwrap_or(u32::MAX);
             presence.load = sample.map(|s| s.load1);
             last_presence = Instant::now();
@@ -779,6 +804,9 @@ impl Supervisor {
         // jobs end, up to the drain timeout (a second drain request cuts it
         // short), then stop the rest and hand their jobs back.
         shared.release_held.cancel();
+        // Frozen jobs could not finish: the drain thaws them now.
+        shared.drained.cancel();
+        shared.backoff.tick();
         self.source.withdraw_offers();
         let drain_timeout = self.settings().drain_timeout;
         tracing::info!(running = worker_slots.taken(), unreported = workers.len(), timeout = ?drain_timeout, reason = ?exit, "draining");
@@ -924,6 +952,9 @@ impl Supervisor {
         match built {
             Ok((settings, generation)) => {
                 gate.set_limits(settings.gate);
+                if let Some(backoff) = self.host.backoff.get() {
+                    backoff.configure(settings.backoff.clone());
+                }
                 tracing::info!(
                     job_name = %settings.job_name,
                     max_workers = settings.gate.max_workers,

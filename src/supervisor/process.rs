@@ -24,6 +24,7 @@ use tokio::io::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::backoff::JobFreeze;
 use super::cgroup::JobCgroup;
 use super::launcher::Launcher;
 use super::output::{Capture, Captured};
@@ -57,6 +58,10 @@ pub struct WorkerSpec {
     pub output_cap: usize,
     /// Told the worker's pid once it is started.
     pub on_spawn: Option<SpawnHook>,
+    /// The back-off's hold on the worker: told its pid, it may freeze it;
+    /// the timeout is extended by the time it was frozen, and it is
+    /// thawed before it is stopped.
+    pub freeze: Option<Arc<JobFreeze>>,
 }
 
 /// Called with a worker's pid once it is started.
@@ -131,6 +136,10 @@ pub async fn run(
     if let Some(hook) = &spec.on_spawn {
         (hook.0)(pid);
     }
+    let freeze = spec.freeze.as_deref();
+    if let Some(freeze) = freeze {
+        freeze.started(pid);
+    }
 
     // The pipes are read and written by futures of this task, not by tasks
     // of their own: no spawn and no hand-off between threads per pipe.
@@ -150,13 +159,14 @@ pub async fn run(
     let waiting = async {
         tokio::select! {
             status = child.wait() => status.map(status_ending),
-            _ = tokio::time::sleep(spec.timeout) => {
-                tracing::warn!(pid, timeout = ?spec.timeout, "worker timed out; stopping its process group");
-                killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
+            () = timeout_passes(spec.timeout, freeze) => {
+                let frozen = freeze.map(JobFreeze::frozen_for).unwrap_or_default();
+                tracing::warn!(pid, timeout = ?spec.timeout, ?frozen, "worker timed out; stopping its process group");
+                killed = terminate(&mut child, pid, spec.grace, tree.as_ref(), freeze).await;
                 Ok(Ending::TimedOut)
             }
             _ = stop.cancelled() => {
-                killed = terminate(&mut child, pid, spec.grace, tree.as_ref()).await;
+                killed = terminate(&mut child, pid, spec.grace, tree.as_ref(), freeze).await;
                 Ok(Ending::Stopped)
             }
         }
@@ -174,6 +184,10 @@ pub async fn run(
         );
     };
     let ending = alongside(waiting, pipes).await;
+    // Never frozen again; thawed if it was (its group is killed next).
+    if let Some(freeze) = freeze {
+        freeze.end();
+    }
     // On every path, a failed wait included: the worker is the reaper's
     // to reap if the runtime could not, and whatever is left of its process
     // group, and of its cgroup (which also holds what left the group), dies
@@ -432,14 +446,33 @@ fn status_ending(status: std::process::ExitStatus) -> Ending {
     }
 }
 
+/// Resolves once the worker has run `timeout`, not counting the time the
+/// back-off kept it frozen.
+async fn timeout_passes(timeout: Duration, freeze: Option<&JobFreeze>) {
+    let start = tokio::time::Instant::now();
+    loop {
+        let frozen = freeze.map(JobFreeze::frozen_for).unwrap_or_default();
+        let deadline = start + timeout + frozen;
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
 /// SIGTERM to the group, then SIGKILL (to the group and the cgroup) after
-/// `grace`. Returns whether SIGKILL was needed.
+/// `grace`. A frozen worker is thawed first, so that it can act on the
+/// SIGTERM. Returns whether SIGKILL was needed.
 async fn terminate(
     child: &mut Child,
     pid: u32,
     grace: Duration,
     tree: Option<&Arc<JobCgroup>>,
+    freeze: Option<&JobFreeze>,
 ) -> bool {
+    if let Some(freeze) = freeze {
+        freeze.end();
+    }
     kill_group(pid, Signal::SIGTERM);
     if tokio::time::timeout(grace, child.wait()).await.is_ok() {
         return false;
@@ -687,6 +720,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             grace: Duration::from_secs(1),
             output_cap: 1024,
+            freeze: None,
             on_spawn: Some(SpawnHook(Arc::new(move |pid| {
                 *seen.lock().unwrap() = Some(pid);
                 // Bounded by the worker, which exits at once.
@@ -734,6 +768,7 @@ mod tests {
             grace: Duration::from_secs(1),
             output_cap: 1024 * 1024,
             on_spawn: None,
+            freeze: None,
         }
     }
 

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::backoff::BackoffSettings;
+use super::backoff::policy::Thresholds;
 use super::bwm_php::{self, PhpSettings};
 use super::cgroup::CgroupLimits;
 use super::gate::{GateLimits, ProcLoad};
@@ -47,6 +49,8 @@ pub struct Settings {
     pub scratch_dir: PathBuf,
     /// Where the load and memory are read.
     pub load: ProcLoad,
+    /// How jobs back off when the site is pressed.
+    pub backoff: BackoffSettings,
     /// Settings of jobs no `[[job]]` table matches.
     pub job: JobSettings,
     /// `[[job]]` tables, in file order: the first whose pattern matches a
@@ -206,6 +210,7 @@ impl Settings {
                 .map_err(setting)
             })
             .transpose()?;
+        let backoff = backoff_settings(options)?;
         let job_name = options.job_name.clone().unwrap_or_else(|| "*".into());
         NamePattern::parse(&job_name)
             .map_err(|e| setting(format!("job-name {job_name:?}: {e}")))?;
@@ -216,6 +221,7 @@ impl Settings {
                 max_load,
                 min_available_memory: options.min_memory.map_or(128 << 20, |s| s.0),
                 max_cpu_pressure,
+                pause_pressure: backoff.signal.as_ref().ok().and(backoff.thresholds.pause),
                 max_workers,
                 ramp: options.ramp.unwrap_or(cpus).max(1),
                 fetch_ahead,
@@ -247,6 +253,7 @@ impl Settings {
                     .unwrap_or_else(|| "/proc/meminfo".into()),
                 cpu_pressure: max_cpu_pressure.map(|_| cpu_pressure_path(options)),
             },
+            backoff,
             job,
             rules,
             schedule: options.schedule.is_some().then_some(schedule),
@@ -308,6 +315,54 @@ impl Settings {
             .find(|(_, (pattern, _))| pattern.matches(name))
             .map_or((0, &self.job), |(i, (_, job))| (i + 1, job))
     }
+}
+
+/// The default pause threshold, percent.
+pub const DEFAULT_PAUSE_PRESSURE: f64 = 10.0;
+/// The default freeze threshold, percent.
+pub const DEFAULT_FREEZE_PRESSURE: f64 = 25.0;
+/// The default longest freeze.
+pub const DEFAULT_MAX_FREEZE: Duration = Duration::from_secs(300);
+
+/// Resolves the back-off: its thresholds, and the signal it follows (the
+/// site cgroups must exist and every file read must be in PSI format).
+fn backoff_settings(options: &SupervisorOptions) -> Result<BackoffSettings, ConfigError> {
+    let setting = |message: String| ConfigError::Setting(message);
+    let thresholds = Thresholds {
+        pause: options
+            .pause_pressure
+            .map_or(Some(DEFAULT_PAUSE_PRESSURE), |t| t.0),
+        freeze: options
+            .freeze_pressure
+            .map_or(Some(DEFAULT_FREEZE_PRESSURE), |t| t.0),
+    };
+    if let (Some(pause), Some(freeze)) = (thresholds.pause, thresholds.freeze)
+        && pause >= freeze
+    {
+        return Err(setting(format!(
+            "pause-pressure ({pause}) must be below freeze-pressure ({freeze}): frozen jobs thaw when the pressure falls below pause-pressure"
+        )));
+    }
+    let max_freeze = options.max_freeze.map_or(DEFAULT_MAX_FREEZE, |d| d.0);
+    if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&max_freeze) {
+        return Err(setting(format!(
+            "max-freeze must be between 1s and 24h, not {}",
+            crate::config::HumanDuration(max_freeze)
+        )));
+    }
+    let site = options.site_cgroup.clone().unwrap_or_default();
+    let signal = if thresholds.pause.is_none() && thresholds.freeze.is_none() {
+        Err("pause-pressure and freeze-pressure are both off".to_string())
+    } else {
+        super::backoff::pressure::resolve(&site, options.pressure_dir.as_deref())
+            .map_err(|e| setting(e.to_string()))?
+    };
+    Ok(BackoffSettings {
+        signal,
+        thresholds,
+        max_freeze,
+        pressure_dir: options.pressure_dir.clone(),
+    })
 }
 
 /// Resolves how jobs yield to the site.
@@ -497,6 +552,35 @@ impl Settings {
             ("spool-dir", path(&self.spool_dir)),
             ("scratch-dir", path(&self.scratch_dir)),
             ("loadavg-path", path(&self.load.loadavg)),
+            (
+                "site-cgroup",
+                match &self.backoff.signal {
+                    Ok(super::backoff::pressure::Signal::Site(cgroups)) => format!(
+                        "{:?}",
+                        cgroups.iter().map(|(given, _)| given).collect::<Vec<_>>()
+                    ),
+                    _ => "# not set: the system-wide pressure".into(),
+                },
+            ),
+            (
+                "pause-pressure",
+                self.backoff
+                    .thresholds
+                    .pause
+                    .map_or("\"off\"".into(), |p| format!("{p:.2}")),
+            ),
+            (
+                "freeze-pressure",
+                self.backoff
+                    .thresholds
+                    .freeze
+                    .map_or("\"off\"".into(), |p| format!("{p:.2}")),
+            ),
+            ("max-freeze", duration(self.backoff.max_freeze)),
+            (
+                "pressure-dir",
+                optional(self.backoff.pressure_dir.as_deref().map(path)),
+            ),
             ("meminfo-path", path(&self.load.meminfo)),
             (
                 "max-cpu-pressure",

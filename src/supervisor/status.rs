@@ -28,6 +28,31 @@ pub struct Status {
     pub server: String,
     /// Its pools (one, "main", without `[[pool]]` tables).
     pub pools: Vec<PoolStatus>,
+    /// The back-off under site pressure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffStatus>,
+}
+
+/// The back-off's state: what it reads, the last reading and the
+/// thresholds, and how many jobs it holds frozen.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BackoffStatus {
+    /// "off", "calm", "paused", "freezing", or "unreadable".
+    pub state: String,
+    /// What it reads (or why nothing).
+    pub signal: String,
+    /// The last reading, percent.
+    pub pressure: Option<f64>,
+    /// The pause threshold, percent.
+    pub pause: Option<f64>,
+    /// The freeze threshold, percent.
+    pub freeze: Option<f64>,
+    /// Below what frozen jobs thaw, percent.
+    pub thaw_below: Option<f64>,
+    /// The longest one freeze of a job lasts, in milliseconds.
+    pub max_freeze_ms: u64,
+    /// Jobs frozen now.
+    pub frozen: usize,
 }
 
 /// One pool's state.
@@ -62,6 +87,16 @@ pub struct RunningJob {
     /// Held ahead (`--fetch-ahead`): taken, waiting for a worker slot.
     #[serde(default)]
     pub held: bool,
+    /// Frozen now by the back-off.
+    #[serde(default)]
+    pub frozen: bool,
+    /// The time it spent frozen, in milliseconds.
+    #[serde(default)]
+    pub frozen_ms: u64,
+    /// The time it waited for a CPU (its cgroup's CPU pressure), in
+    /// milliseconds; `None` where its cgroup does not tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starved_ms: Option<u64>,
 }
 
 /// The status of the whole process, shared by its pools.
@@ -95,6 +130,7 @@ impl StatusBoard {
                     updated: now,
                     server: server.to_string(),
                     pools: Vec::new(),
+                    backoff: None,
                 },
                 dirty: true,
             })),
@@ -126,6 +162,15 @@ impl StatusBoard {
         PoolBoard {
             board: self.clone(),
             index,
+        }
+    }
+
+    /// Records the back-off's state.
+    pub fn backoff(&self, state: BackoffStatus) {
+        let mut board = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if board.status.backoff.as_ref() != Some(&state) {
+            board.status.backoff = Some(state);
+            board.dirty = true;
         }
     }
 
@@ -180,6 +225,17 @@ impl PoolBoard {
         }
     }
 
+    /// How many of the pool's jobs are frozen now.
+    pub fn frozen(&self) -> u32 {
+        let board = self.board.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let frozen = board.status.pools[self.index]
+            .running
+            .values()
+            .filter(|job| job.frozen)
+            .count();
+        u32::try_from(frozen).unwrap_or(u32::MAX)
+    }
+
     /// Records the pool's limits (they change on reload).
     pub fn limits(&self, job_name: &str, max_load: f64, max_workers: usize) {
         let mut board = self.board.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -204,6 +260,9 @@ impl PoolBoard {
                     pid: None,
                     since: Timestamp::now().0,
                     held,
+                    frozen: false,
+                    frozen_ms: 0,
+                    starved_ms: None,
                 },
             )
         });
@@ -238,6 +297,49 @@ impl OnBoard {
                 job.pid = Some(pid);
             }
         });
+    }
+}
+
+impl OnBoard {
+    /// Records whether the job is frozen, and for how long it was in all
+    /// (in whole seconds: the board is written when it changes).
+    pub fn frozen(&self, frozen: bool, total: Duration) {
+        let frozen_ms = total.as_secs() * 1000;
+        let mut board = self
+            .pool
+            .board
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let pool = &mut board.status.pools[self.pool.index];
+        if let Some(job) = pool.running.get_mut(&self.id)
+            && (job.frozen != frozen || job.frozen_ms != frozen_ms)
+        {
+            job.frozen = frozen;
+            job.frozen_ms = frozen_ms;
+            board.dirty = true;
+        }
+    }
+}
+
+impl OnBoard {
+    /// Records how long the job has waited for a CPU so far (in whole
+    /// seconds, as the time frozen).
+    pub fn starved(&self, total: Duration) {
+        let starved_ms = Some(total.as_secs() * 1000);
+        let mut board = self
+            .pool
+            .board
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let pool = &mut board.status.pools[self.pool.index];
+        if let Some(job) = pool.running.get_mut(&self.id)
+            && job.starved_ms != starved_ms
+        {
+            job.starved_ms = starved_ms;
+            board.dirty = true;
+        }
     }
 }
 

@@ -165,6 +165,22 @@ fn localised(text: &str, dir: &Path) -> String {
             &format!("worker-path = {dir}"),
         );
     }
+    // The pressure files and the site cgroup named must exist: a directory
+    // of this test's stands in for /proc/pressure and the cgroup v2 mount.
+    let pressure = Path::new(&dir.trim_matches('"')).join("pressure");
+    let site = pressure.join("system.slice/php8.2-fpm.service");
+    std::fs::create_dir_all(&site).expect("a site cgroup");
+    for file in [
+        pressure.join("memory"),
+        pressure.join("io"),
+        site.join("cpu.pressure"),
+    ] {
+        write_psi(&file, 0.0, 0.0);
+    }
+    out = out.replace(
+        "pressure-dir = \"/proc/pressure\"",
+        &format!("pressure-dir = {:?}", pressure.display().to_string()),
+    );
     // The PHP files named must exist: a file of this directory's stands in.
     let php_file = Path::new(&dir.trim_matches('"')).join("bootstrap.php");
     std::fs::write(&php_file, "<?php\n").expect("a PHP file");

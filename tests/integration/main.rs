@@ -5,6 +5,7 @@ mod common;
 
 mod answer_budget;
 mod archive;
+mod backoff;
 mod bedrock;
 mod bedrock_client;
 mod bedrock_leases;

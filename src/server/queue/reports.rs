@@ -183,6 +183,7 @@ impl WorkerView {
             "pid": self.info.pid,
             "capacity": self.info.capacity,
             "running": self.info.running,
+            "frozen": self.info.frozen,
             "load": self.info.load,
             "firstSeen": self.first_seen.to_string(),
             "lastSeen": self.last_seen.to_string(),

@@ -222,6 +222,8 @@ const MIGRATIONS: &[&str] = &[
         expires INTEGER NOT NULL
     ) WITHOUT ROWID;
     CREATE INDEX ended_sessions_expires ON ended_sessions (expires);",
+    // 14: how many of a supervisor's running jobs are frozen.
+    "ALTER TABLE workers ADD COLUMN frozen INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// The schema version this build writes.

@@ -578,10 +578,10 @@ impl LedgerTx for SqliteTx<'_> {
     fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError> {
         self.conn
             .prepare_cached(
-                "INSERT INTO workers (worker, host, pid, capacity, running, load, first_seen, last_seen) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) \
+                "INSERT INTO workers (worker, host, pid, capacity, running, load, first_seen, last_seen, frozen) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8) \
                  ON CONFLICT (worker) DO UPDATE SET host = ?2, pid = ?3, capacity = ?4, \
-                 running = ?5, load = ?6, last_seen = MAX(last_seen, ?7)",
+                 running = ?5, load = ?6, last_seen = MAX(last_seen, ?7), frozen = ?8",
             )
             .map_err(store_error)?
             .execute(params![
@@ -591,7 +591,8 @@ impl LedgerTx for SqliteTx<'_> {
                 info.capacity,
                 info.running,
                 info.load,
-                now.0
+                now.0,
+                info.frozen
             ])
             .map_err(store_error)?;
         Ok(())
@@ -652,7 +653,7 @@ impl LedgerTx for SqliteTx<'_> {
         let mut statement = self
             .conn
             .prepare_cached(
-                "SELECT worker, host, pid, capacity, running, load, first_seen, last_seen \
+                "SELECT worker, host, pid, capacity, running, load, first_seen, last_seen, frozen \
                  FROM workers ORDER BY last_seen DESC, worker",
             )
             .map_err(store_error)?;
@@ -666,6 +667,7 @@ impl LedgerTx for SqliteTx<'_> {
                         capacity: row.get(3)?,
                         running: row.get(4)?,
                         load: row.get(5)?,
+                        frozen: row.get(8)?,
                     },
                     first_seen: Timestamp(row.get(6)?),
                     last_seen: Timestamp(row.get(7)?),

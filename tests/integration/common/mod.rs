@@ -945,9 +945,23 @@ pub fn client_command(server: &Server, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Writes a file in PSI format (`/proc/pressure/*`, `*.pressure`) with
+/// these `some` and `full` avg10 readings, atomically.
+pub fn write_psi(path: &Path, some: f64, full: f64) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(
+        &tmp,
+        format!(
+            "some avg10={some:.2} avg60=0.00 avg300=0.00 total=1\nfull avg10={full:.2} avg60=0.00 avg300=0.00 total=1\n"
+        ),
+    )
+    .expect("pressure file");
+    std::fs::rename(&tmp, path).expect("pressure file");
+}
+
 /// A `jobmgr` supervisor process with its own worker directory, scratch
-/// directory, spool, and load/memory files (load 0, plenty of memory, so the
-/// machine's real load never gates a test). Killed (by pid) when dropped.
+/// directory, spool, and load/memory/pressure files (load 0, plenty of
+/// memory, no pressure, so the machine's real load never gates a test). Killed (by pid) when dropped.
 pub struct Supervisor {
     child: Option<Child>,
     /// Its directory: `workers/`, `scratch/`, `spool/`, `loadavg`, `meminfo`.
@@ -992,6 +1006,13 @@ impl Supervisor {
             "MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n",
         )
         .expect("meminfo");
+        // A calm site: no pressure, so that the machine's own never pauses
+        // or freezes a test's jobs.
+        let pressure = dir.path().join("pressure");
+        std::fs::create_dir(&pressure).expect("pressure dir");
+        for resource in ["cpu", "memory", "io"] {
+            write_psi(&pressure.join(resource), 0.0, 0.0);
+        }
         std::fs::create_dir(dir.path().join("workers")).expect("workers dir");
         SupervisorBuilder {
             args: vec!["--server".into(), server_url.into()],
@@ -1253,6 +1274,9 @@ impl SupervisorBuilder {
                 .arg(d.join("scratch"))
                 .arg("--spool-dir")
                 .arg(d.join("spool"));
+        }
+        if !self.args.iter().any(|a| a == "--pressure-dir") {
+            command.arg("--pressure-dir").arg(d.join("pressure"));
         }
         command
             .arg("--loadavg-path")

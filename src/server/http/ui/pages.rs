@@ -745,6 +745,7 @@ pub async fn supervisors(
                 "last_seen": format!("{} ({} ago)", w.last_seen, secs(Some((now.0 - w.last_seen.0).max(0) as f64 / 1000.0))),
                 "capacity": w.info.capacity,
                 "running": w.info.running,
+                "frozen": w.info.frozen,
                 "load": w.info.load.map(|l| format!("{l:.2}")).unwrap_or_default(),
                 "utilisation": w.utilisation.map(|u| format!("{:.0}%", u * 100.0)).unwrap_or_default(),
             })

@@ -488,11 +488,11 @@ impl LedgerTx for PgTx<'_> {
 
     fn see_worker(&mut self, info: &WorkerInfo, now: Timestamp) -> Result<(), JobError> {
         self.execute(
-            "INSERT INTO workers (worker, host, pid, capacity, running, load, first_seen, last_seen) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $7) \
+            "INSERT INTO workers (worker, host, pid, capacity, running, load, first_seen, last_seen, frozen) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8) \
              ON CONFLICT (worker) DO UPDATE SET host = excluded.host, pid = excluded.pid, \
              capacity = excluded.capacity, running = excluded.running, load = excluded.load, \
-             last_seen = GREATEST(workers.last_seen, excluded.last_seen)",
+             last_seen = GREATEST(workers.last_seen, excluded.last_seen), frozen = excluded.frozen",
             &[
                 &info.id,
                 &info.host,
@@ -501,6 +501,7 @@ impl LedgerTx for PgTx<'_> {
                 &i64::from(info.running),
                 &info.load,
                 &now.0,
+                &i64::from(info.frozen),
             ],
         )?;
         Ok(())
@@ -558,7 +559,7 @@ impl LedgerTx for PgTx<'_> {
     fn workers(&mut self) -> Result<Vec<WorkerRow>, JobError> {
         const WHAT: &str = "supervisor";
         let rows = self.query(
-            "SELECT worker, host, pid, capacity, running, load, first_seen, last_seen \
+            "SELECT worker, host, pid, capacity, running, load, first_seen, last_seen, frozen \
              FROM workers ORDER BY last_seen DESC, worker",
             &[],
         )?;
@@ -573,6 +574,7 @@ impl LedgerTx for PgTx<'_> {
                         capacity: small(row, 3, WHAT)?,
                         running: small(row, 4, WHAT)?,
                         load: col(row, 5, WHAT)?,
+                        frozen: small(row, 8, WHAT)?,
                     },
                     first_seen: Timestamp(col(row, 6, WHAT)?),
                     last_seen: Timestamp(col(row, 7, WHAT)?),

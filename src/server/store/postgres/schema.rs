@@ -204,6 +204,8 @@ const MIGRATIONS: &[&str] = &[
         expires BIGINT NOT NULL
     );
     CREATE INDEX ended_sessions_expires ON ended_sessions (expires);"#,
+    // 9: frozen jobs of a supervisor, as SQLite's schema 14.
+    r#"ALTER TABLE workers ADD COLUMN frozen BIGINT NOT NULL DEFAULT 0;"#,
 ];
 
 /// The schema version this build writes.
