@@ -833,7 +833,7 @@ fn intro(
         timing.rounds
     ));
     md.push_str(&format!(
-        "- **The jobs' work.** Each worker counts its units of work; the figure is units per second in the window, as a share of what the same storm does with the site idle (yielding off). The site and its load use {:.0} % of the machine's {:.0} cores with no jobs, leaving {:.0} % spare: the last column is the jobs' share over that spare share. *Site CPU stall* is the share of the window in which some of the site's tasks waited for a CPU (its cgroup's `cpu.pressure`, `some`), the pressure `--site-cgroup` watches. The machine's 1-minute load average as the windows began: {:.1}–{:.1}; in the no-jobs windows, processes other than the site and its load used {:.2} cores.\n",
+        "- **The jobs' work.** Each worker counts its units of work; the figure is units per second in the window, as a share of what the same storm does with the site idle (yielding off). The site and its load use {:.0} % of the machine's {:.0} cores with no jobs, leaving {:.0} % spare: the last column is the jobs' share over that spare share. *Site CPU stall* is the share of the window in which some of the site's tasks waited for a CPU (its cgroup's `cpu.pressure`, `some`: its tasks waiting for each other included; the back-off watches the `full` line, the time none of them ran). The machine's 1-minute load average as the windows began: {:.1}–{:.1}; in the no-jobs windows, processes other than the site and its load used {:.2} cores.\n",
         (1.0 - spare) * 100.0,
         facts.cores,
         spare * 100.0,

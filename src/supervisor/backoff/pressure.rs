@@ -1,11 +1,15 @@
 //! The pressure signal the back-off follows, read from the kernel's
 //! pressure-stall information (PSI), whose `avg10` moves within seconds:
-//! either the highest `some avg10` of the site's own cgroups (`cpu`,
-//! `memory` and `io`), or, without them, the system-wide `full avg10` of
-//! memory and I/O, the share of time in which every task that wanted to
-//! run, the site's included, was stalled. (System-wide `some` would count
-//! jobs waiting behind each other, and a storm of jobs would then freeze
-//! jobs because of themselves; CPU is left to the jobs' idle CPU priority.)
+//! either the highest of the site's own cgroups' CPU `full avg10` and
+//! memory and I/O `some avg10`, or, without them, the system-wide `full
+//! avg10` of memory and I/O, the share of time in which every task that
+//! wanted to run, the site's included, was stalled. A pressure counts only
+//! where others than the pressed can be its cause: the site's own CPU
+//! `some` counts its tasks waiting behind each other (13 to 16 % for a
+//! site at half its capacity on two cores, with no job running), its CPU
+//! `full` only the time none of them ran because something else had the
+//! CPUs; system-wide `some` would count jobs waiting behind each other, and
+//! a storm of jobs would then freeze jobs because of themselves.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -15,7 +19,13 @@ use thiserror::Error;
 pub const PROC_PRESSURE: &str = "/proc/pressure";
 
 /// The resources whose pressure a site cgroup is read for.
-const SITE_RESOURCES: [&str; 3] = ["cpu", "memory", "io"];
+/// The resources whose pressure a site cgroup is read for, and which line
+/// of each (see the module's doc).
+const SITE_RESOURCES: [(&str, Line); 3] = [
+    ("cpu", Line::Full),
+    ("memory", Line::Some),
+    ("io", Line::Some),
+];
 
 /// The resources whose system-wide pressure is read.
 const SYSTEM_RESOURCES: [&str; 2] = ["memory", "io"];
@@ -48,8 +58,8 @@ impl Line {
 /// What the back-off reads.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Signal {
-    /// The site's cgroups: the highest `some avg10` of their `cpu`,
-    /// `memory` and `io` pressure. Each is the configured path and the
+    /// The site's cgroups: the highest of their CPU `full avg10` and their
+    /// memory and I/O `some avg10`. Each is the configured path and the
     /// directory it names.
     Site(Vec<(String, PathBuf)>),
     /// The system: the highest `full avg10` of the memory and I/O pressure
@@ -126,9 +136,19 @@ pub fn parse(path: &Path, text: &str, line: Line) -> Result<f64, PressureError> 
         })
 }
 
-/// The `avg10` of one file; `None` when it does not exist.
+/// The `avg10` of one file; `None` when it does not exist, or when it is a
+/// cgroup's `cpu.pressure` without the `full` line asked for (kernels
+/// before 5.13 have none).
 fn read_file(path: &Path, line: Line) -> Result<Option<f64>, PressureError> {
+    let cgroup_cpu = path.file_name().is_some_and(|n| n == "cpu.pressure");
     match std::fs::read_to_string(path) {
+        Ok(text)
+            if cgroup_cpu
+                && line == Line::Full
+                && !text.lines().any(|l| l.starts_with("full ")) =>
+        {
+            Ok(None)
+        }
         Ok(text) => parse(path, &text, line).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(PressureError::Unreadable {
@@ -140,12 +160,9 @@ fn read_file(path: &Path, line: Line) -> Result<Option<f64>, PressureError> {
 
 /// The highest reading of `files`, skipping those that do not exist;
 /// `None` when none does.
-fn highest(
-    files: impl Iterator<Item = PathBuf>,
-    line: Line,
-) -> Result<Option<Reading>, PressureError> {
+fn highest(files: impl Iterator<Item = (PathBuf, Line)>) -> Result<Option<Reading>, PressureError> {
     let mut best: Option<Reading> = None;
-    for path in files {
+    for (path, line) in files {
         if let Some(percent) = read_file(&path, line)?
             && best.as_ref().is_none_or(|b| percent > b.percent)
         {
@@ -167,8 +184,8 @@ impl Signal {
                 for (given, dir) in cgroups {
                     let files = SITE_RESOURCES
                         .iter()
-                        .map(|r| dir.join(format!("{r}.pressure")));
-                    let reading = match highest(files, Line::Some)? {
+                        .map(|(r, line)| (dir.join(format!("{r}.pressure")), *line));
+                    let reading = match highest(files)? {
                         Some(reading) => reading,
                         None if !dir.is_dir() => {
                             return Err(PressureError::NoSiteCgroup {
@@ -190,8 +207,8 @@ impl Signal {
                 best.ok_or_else(|| PressureError::BadSiteCgroup(String::new()))
             }
             Signal::System(dir) => {
-                let files = SYSTEM_RESOURCES.iter().map(|r| dir.join(r));
-                highest(files, Line::Full)?.ok_or_else(|| PressureError::Unreadable {
+                let files = SYSTEM_RESOURCES.iter().map(|r| (dir.join(r), Line::Full));
+                highest(files)?.ok_or_else(|| PressureError::Unreadable {
                     path: dir.join("memory"),
                     message: "no such file".into(),
                 })
@@ -205,7 +222,7 @@ impl Signal {
             Signal::Site(cgroups) => {
                 let names: Vec<&str> = cgroups.iter().map(|(given, _)| given.as_str()).collect();
                 format!(
-                    "site cgroups {} (highest \"some avg10\" of cpu, memory and io pressure)",
+                    "site cgroups {} (highest of cpu \"full avg10\", memory and io \"some avg10\")",
                     names.join(", ")
                 )
             }
@@ -323,11 +340,13 @@ mod tests {
     }
 
     #[test]
-    fn site_cgroups_give_the_highest_some_and_the_system_its_highest_full() {
+    fn site_cgroups_give_their_cpu_full_or_memory_and_io_some_and_the_system_its_highest_full() {
         let dir = tempfile::tempdir().unwrap();
         let site = dir.path().join("system.slice/php.service");
         std::fs::create_dir_all(&site).unwrap();
-        std::fs::write(site.join("cpu.pressure"), psi(3.0, 0.0)).unwrap();
+        // The site's own CPU some (its tasks behind each other) does not
+        // count; its CPU full does.
+        std::fs::write(site.join("cpu.pressure"), psi(95.0, 3.0)).unwrap();
         std::fs::write(site.join("memory.pressure"), psi(7.5, 90.0)).unwrap();
         // No io.pressure: skipped.
         let signal = resolve(&["/system.slice/php.service".into()], Some(dir.path()))
@@ -337,6 +356,15 @@ mod tests {
         assert_eq!(reading.percent, 7.5);
         assert_eq!(reading.from, site.join("memory.pressure"));
         assert!(signal.describe().contains("/system.slice/php.service"));
+        std::fs::write(site.join("cpu.pressure"), psi(95.0, 40.0)).unwrap();
+        assert_eq!(signal.read().unwrap().percent, 40.0);
+        // A kernel's cgroup CPU file without a full line: CPU gives none.
+        std::fs::write(
+            site.join("cpu.pressure"),
+            "some avg10=95.00 avg60=0 avg300=0 total=0\n",
+        )
+        .unwrap();
+        assert_eq!(signal.read().unwrap().percent, 7.5);
 
         std::fs::write(dir.path().join("memory"), psi(50.0, 2.0)).unwrap();
         std::fs::write(dir.path().join("io"), psi(60.0, 6.0)).unwrap();
