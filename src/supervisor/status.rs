@@ -301,45 +301,42 @@ impl OnBoard {
 }
 
 impl OnBoard {
+    /// Applies `change` to the job's entry; the board is written again
+    /// only when it says it changed something.
+    fn update(&self, change: impl FnOnce(&mut RunningJob) -> bool) {
+        let mut board = self
+            .pool
+            .board
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let pool = &mut board.status.pools[self.pool.index];
+        if pool.running.get_mut(&self.id).is_some_and(change) {
+            board.dirty = true;
+        }
+    }
+
     /// Records whether the job is frozen, and for how long it was in all
     /// (in whole seconds: the board is written when it changes).
     pub fn frozen(&self, frozen: bool, total: Duration) {
         let frozen_ms = total.as_secs() * 1000;
-        let mut board = self
-            .pool
-            .board
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let pool = &mut board.status.pools[self.pool.index];
-        if let Some(job) = pool.running.get_mut(&self.id)
-            && (job.frozen != frozen || job.frozen_ms != frozen_ms)
-        {
+        self.update(|job| {
+            let changed = job.frozen != frozen || job.frozen_ms != frozen_ms;
             job.frozen = frozen;
             job.frozen_ms = frozen_ms;
-            board.dirty = true;
-        }
+            changed
+        });
     }
-}
 
-impl OnBoard {
     /// Records how long the job has waited for a CPU so far (in whole
     /// seconds, as the time frozen).
     pub fn starved(&self, total: Duration) {
         let starved_ms = Some(total.as_secs() * 1000);
-        let mut board = self
-            .pool
-            .board
-            .inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let pool = &mut board.status.pools[self.pool.index];
-        if let Some(job) = pool.running.get_mut(&self.id)
-            && job.starved_ms != starved_ms
-        {
+        self.update(|job| {
+            let changed = job.starved_ms != starved_ms;
             job.starved_ms = starved_ms;
-            board.dirty = true;
-        }
+            changed
+        });
     }
 }
 
