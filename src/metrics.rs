@@ -222,6 +222,10 @@ fn describe() {
         "jobmgr_server_commit_seconds",
         "Job server: duration of a durable commit of a group of writes"
     );
+    describe_counter!(
+        "jobmgr_server_store_statements_total",
+        "Job server on PostgreSQL: statements sent to the database, each a round trip (a transaction's or savepoint's statements sent together count once)"
+    );
 }
 
 /// The gate states, for `jobmgr_gate_state`.
@@ -467,4 +471,9 @@ pub fn server_request(api: &'static str, method: &str, route: &str) {
 /// Records a commit's duration.
 pub fn commit(seconds: f64) {
     histogram!("jobmgr_server_commit_seconds").record(seconds);
+}
+
+/// Counts a round trip to the PostgreSQL store.
+pub fn store_statement() {
+    counter!("jobmgr_server_store_statements_total").increment(1);
 }

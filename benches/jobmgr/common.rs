@@ -97,8 +97,13 @@ impl ServerProcess {
     /// A server on the PostgreSQL database at `db` (a `postgres://` URL),
     /// or on a fresh SQLite file for `None`, with extra arguments.
     pub fn start_on(db: Option<&str>, extra: &[&str]) -> Self {
+        Self::start_binary(bin(), db, extra)
+    }
+
+    /// As [`ServerProcess::start_on`], with the `jobmgr` binary at `binary`.
+    pub fn start_binary(binary: &str, db: Option<&str>, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut command = Command::new(bin());
+        let mut command = Command::new(binary);
         command
             .args([
                 "server",

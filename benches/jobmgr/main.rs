@@ -21,6 +21,11 @@
 //! replaces only their part of the report, leaving every other section as
 //! the last full run wrote it.
 //!
+//! `JOBMGR_BENCH_ONLY=peers` runs only jobmgr on PostgreSQL beside
+//! PgQueuer and procrastinate (`peers.rs`: a venv of them under `target/`,
+//! from PyPI; about 40 minutes) and replaces only its section of the
+//! report; its smoke run (a minute) runs in CI.
+//!
 //! `JOBMGR_BENCH_ONLY=dependencies` runs only the dequeue latency with 10^5
 //! jobs waiting on dependencies (both stores, a few minutes) and replaces
 //! only its section of the report; `JOBMGR_BENCH_ONLY=dashboard` likewise
@@ -39,6 +44,7 @@ mod dependencies;
 mod events;
 mod limits;
 mod open_loop;
+mod peers;
 mod postgres;
 mod server;
 mod site;
@@ -133,6 +139,7 @@ fn main() {
         }
         Some("postgres") => return only_postgres(scale, smoke, started),
         Some("dependencies") => return only_dependencies(scale, smoke, started),
+        Some("peers") => return only_peers(smoke, started),
         Some("dashboard") => return only_dashboard(scale, smoke, started),
         Some("site") => return only_site(smoke, started),
         Some("events") => {
@@ -148,7 +155,7 @@ fn main() {
             return;
         }
         Some(other) => panic!(
-            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"dependencies\", \"dashboard\", \"site\", \"events\", \"supervisor\" or \"spawn\" (or unset for the full run)"
+            "JOBMGR_BENCH_ONLY={other:?}: expected \"http-limits\", \"postgres\", \"peers\", \"dependencies\", \"dashboard\", \"site\", \"events\", \"supervisor\" or \"spawn\" (or unset for the full run)"
         ),
     }
     let runtime = runtime();
@@ -294,11 +301,18 @@ fn only_dependencies(scale: Scale, smoke: bool, started: std::time::Instant) {
         println!("{part}\n(smoke run: figures not recorded)");
         return;
     }
+    write_marked(&part, DEPS_BEGIN, DEPS_END);
+}
+
+/// Writes `part` into the report in place of what lies between `begin` and
+/// `end` (or, if it has no such part, before the HTTP port's limits), the
+/// rest left as it is.
+fn write_marked(part: &str, begin_mark: &str, end_mark: &str) {
     let path = report_path();
     let old = std::fs::read_to_string(&path).unwrap_or_default();
-    let new = match (old.find(DEPS_BEGIN), old.find(DEPS_END)) {
+    let new = match (old.find(begin_mark), old.find(end_mark)) {
         (Some(begin), Some(end)) if begin < end => {
-            let mut end = end + DEPS_END.len();
+            let mut end = end + end_mark.len();
             if old[end..].starts_with('\n') {
                 end += 1;
             }
@@ -311,6 +325,30 @@ fn only_dependencies(scale: Scale, smoke: bool, started: std::time::Instant) {
     };
     std::fs::write(&path, &new).expect("write report");
     println!("{part}\nwritten into {path} (its other sections unchanged)");
+}
+
+/// Where the peers section begins and ends, so that
+/// `JOBMGR_BENCH_ONLY=peers` can replace it alone.
+const PEERS_BEGIN: &str = "<!-- Peers section: begin (JOBMGR_BENCH_ONLY=peers replaces what lies between these marks) -->";
+const PEERS_END: &str = "<!-- Peers section: end -->";
+
+/// `JOBMGR_BENCH_ONLY=peers`: jobmgr on PostgreSQL beside PgQueuer and
+/// procrastinate (3 rounds of 20,000 jobs; smoke: 1 round of 500), written
+/// into the report in place of the last such section.
+fn only_peers(smoke: bool, started: std::time::Instant) {
+    let (rounds, jobs) = if smoke { (1, 500) } else { (3, 20_000) };
+    let section = runtime().block_on(peers::report(rounds, jobs));
+    let date = chrono::Utc::now().format("%Y-%m-%d");
+    let part = format!(
+        "{PEERS_BEGIN}\n\n{}\n\n*Measured on {date} by `JOBMGR_BENCH_ONLY=peers cargo bench --bench jobmgr`, a run of its own ({:.0} s); the rest of this file is as the run that wrote it left it.*\n\n{PEERS_END}\n",
+        section.trim_end(),
+        started.elapsed().as_secs_f64()
+    );
+    if smoke {
+        println!("{part}\n(smoke run: figures not recorded)");
+        return;
+    }
+    write_marked(&part, PEERS_BEGIN, PEERS_END);
 }
 
 /// Where the dashboard section begins and ends, so that

@@ -30,6 +30,7 @@ fn source_error(error: JobError) -> SourceError {
         JobError::LeaseLost(id) => SourceError::LeaseLost(id),
         JobError::Store(_)
         | JobError::StoreUnavailable(_)
+        | JobError::StoreConflict(_)
         | JobError::StoreOutcomeUnknown
         | JobError::ServerBusy
         | JobError::ShuttingDown => SourceError::Unavailable(error.to_string()),

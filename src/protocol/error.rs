@@ -177,6 +177,12 @@ pub enum JobError {
         "Job store unavailable: {0}; nothing was changed: retry shortly or against another server"
     )]
     StoreUnavailable(String),
+    /// The store's transaction met another server's in a cycle of row
+    /// locks (a deadlock) or a serialization failure, and was rolled back:
+    /// nothing was changed. The queue runs the command again by itself a
+    /// few times before it answers this.
+    #[error("Job store conflict with another server: {0}; nothing was changed: retry shortly")]
+    StoreConflict(String),
     /// The store's connection was lost while it committed: the command may
     /// or may not have been done.
     #[error(
@@ -246,7 +252,7 @@ impl JobError {
             LeaseLost(_) | IdempotencyKeyReused(_) => 409,
             UnrecognizedCommand => 430,
             Store(_) | StoreOutcomeUnknown => 502,
-            StoreUnavailable(_) | ServerBusy | ShuttingDown => 503,
+            StoreUnavailable(_) | StoreConflict(_) | ServerBusy | ShuttingDown => 503,
         }
     }
 
@@ -296,7 +302,7 @@ impl JobError {
                     ChildDepends => "child_depends",
                     UnrecognizedCommand => "unrecognized_command",
                     Store(_) => "store_failed",
-                    StoreUnavailable(_) => "store_unavailable",
+                    StoreUnavailable(_) | StoreConflict(_) => "store_unavailable",
                     StoreOutcomeUnknown => "store_outcome_unknown",
                     ShuttingDown => "shutting_down",
                     ServerBusy => "server_busy",

@@ -1151,3 +1151,36 @@ fn a_retry_after_job_handed_out_again_or_deleted_closes_its_attempts() {
     assert_eq!(history["attempts"][1]["ended"], "2026-07-01 00:01:01");
     assert_eq!(history["job"], Value::Null);
 }
+
+/// Several events of one hour in one transaction (a claim of three jobs)
+/// are summed before they are added to the hour's row: the row ends as
+/// if each had been added alone.
+#[test]
+fn statistics_of_a_claim_of_several_jobs_add_to_the_hour_as_each_would_alone() {
+    let clock = Clock::at("2026-01-01 10:00:00");
+    let server = clock.server().start();
+    let api = server.api();
+    api.create(json!({"name": "mail/send"}));
+    api.create(json!({"name": "mail/send"}));
+    clock.set("2026-01-01 10:00:04");
+    api.create(json!({"name": "mail/send"}));
+    api.create(json!({"name": "mail/send"}));
+    // A wait of 5 s alone, then waits of 9, 5 and 5 s in one claim.
+    clock.set("2026-01-01 10:00:05");
+    assert_eq!(api.dequeue(json!({"name": "mail/send"})).len(), 1);
+    clock.set("2026-01-01 10:00:09");
+    let three = api.dequeue(json!({"name": "mail/send", "numResults": 3}));
+    assert_eq!(three.len(), 3, "{three:?}");
+
+    let (status, stats) =
+        api.get("/stats?name=mail/send&from=2026-01-01%2010:00:00&to=2026-01-01%2011:00:00");
+    assert_eq!(status, 200, "{stats}");
+    let send = point(&stats, "mail/send", "2026-01-01 10:00:00");
+    assert_eq!([&send["added"], &send["started"]], [&json!(4), &json!(4)]);
+    // Waits 5, 9, 5, 5: mean 6, sample variance (1 + 9 + 1 + 1) / 3 = 4.
+    assert_summary(&send["wait"], 4, 6.0, 4.0, 5.0, 9.0);
+    assert_eq!(
+        send["wait"]["histogram"],
+        json!([{"from": 5, "to": 6, "count": 3}, {"from": 9, "to": 10, "count": 1}])
+    );
+}

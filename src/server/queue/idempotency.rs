@@ -68,7 +68,7 @@ impl Queue {
                 return if first == fingerprint {
                     Ok(ids)
                 } else {
-                    Err(JobError::IdempotencyKeyReused(key))
+                    Err(JobError::IdempotencyKeyReused(key.clone()))
                 };
             }
             let ids = cmds

@@ -198,6 +198,10 @@ impl Timer {
     }
 }
 
+/// How many times a write that met another server's in a deadlock runs,
+/// at most.
+const CONFLICT_TRIES: u32 = 5;
+
 impl Queue {
     /// A queue over `store`, with its scheduler running on the current
     /// runtime until [`Queue::shutdown`].
@@ -298,13 +302,38 @@ impl Queue {
     }
 
     /// Runs `op` in a durable write transaction, then wakes waiters for the
-    /// jobs it made due and sets the timer for those it scheduled. Before
+    /// jobs it made due and sets the timer for those it scheduled (see
+    /// [`Queue::write_once`]). A transaction rolled back because it met
+    /// another server's in a deadlock (a store shared by several servers
+    /// commits several operations together, and their row locks add up) is
+    /// run again, up to [`CONFLICT_TRIES`] times in all.
+    pub async fn write<R, F>(&self, op: F) -> Result<R, JobError>
+    where
+        R: Send + 'static,
+        F: Fn(&mut Tracked) -> Result<R, JobError> + Send + Sync + 'static,
+    {
+        let op = Arc::new(op);
+        let mut tries = 1;
+        loop {
+            let this_try = Arc::clone(&op);
+            match self.write_once(move |tx| this_try(tx)).await {
+                Err(JobError::StoreConflict(why)) if tries < CONFLICT_TRIES => {
+                    tracing::debug!(%why, tries, "a write met another server's; running it again");
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `op` once in a durable write transaction, then wakes waiters
+    /// for the jobs it made due and sets the timer for those it scheduled. Before
     /// `op` runs, a forward step of the wall clock since the last write is
     /// made up for in the same transaction (see `steps`); not on a store
     /// shared with other servers, whose clock is the database's, counted on
     /// by this machine's monotonic clock (each server would make up for a
     /// step of it once more).
-    pub async fn write<R, F>(&self, op: F) -> Result<R, JobError>
+    async fn write_once<R, F>(&self, op: F) -> Result<R, JobError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Tracked) -> Result<R, JobError> + Send + 'static,
@@ -688,6 +717,8 @@ async fn follow_other_servers(
 
 #[cfg(test)]
 mod answer_budget_tests;
+#[cfg(test)]
+mod plans_tests;
 #[cfg(test)]
 mod put_back_tests;
 #[cfg(test)]

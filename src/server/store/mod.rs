@@ -35,6 +35,8 @@ pub use throttles::{Throttle, ThrottleTx};
 pub use within_bytes::{ByteCount, Take};
 
 pub use postgres::{DatabaseClock, PgOpenError, PgStore, redacted as postgres_url_redacted};
+#[cfg(test)]
+pub(crate) use postgres::{WRITER_SETTINGS as POSTGRES_WRITER_SETTINGS, plans as postgres_plans};
 pub use sqlite::SqliteStore;
 
 /// The error of opening the SQLite store.
@@ -244,8 +246,10 @@ pub type ReadOp = Box<dyn FnOnce(&mut dyn StoreTx) + Send>;
 /// A durable home for jobs.
 pub trait Store: Send + Sync {
     /// Queues a write operation. Its reply is called after the commit.
-    /// Write operations run one at a time, and each reply is called before
-    /// any later write operation runs.
+    /// Write operations run one at a time, in order; a store may commit
+    /// several together (each undone alone if it fails), and their replies
+    /// are called after that commit, before any operation of a later one
+    /// runs.
     fn submit(&self, op: WriteOp);
     /// Runs a read operation off the async runtime.
     fn submit_read(&self, op: ReadOp);
@@ -279,7 +283,8 @@ impl dyn Store {
     /// As [`write`](#method.write), and once the transaction that kept
     /// `op`'s changes has ended, calls `ended` with `op`'s result and
     /// whether the transaction committed. `ended` runs on the writer,
-    /// before any later write operation runs; not at all if `op` failed.
+    /// before any operation of a later commit runs; not at all if `op`
+    /// failed.
     pub async fn write_then<R, F, E>(&self, op: F, ended: E) -> Result<R, JobError>
     where
         R: Send + 'static,

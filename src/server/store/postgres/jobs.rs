@@ -6,6 +6,8 @@
 //! turns instead of deadlocking (a job's children are read unlocked: see
 //! [`StoreTx::children`]).
 
+use std::sync::LazyLock;
+
 use postgres::Row;
 use postgres::types::ToSql;
 
@@ -152,24 +154,22 @@ impl JobValues {
     }
 }
 
-impl PgTx<'_> {
-    /// Locks the parent of job `id`, if it is a child (see the module's
-    /// doc). A job's parent never changes, so reading it unlocked is safe.
-    fn lock_parent_of(&mut self, id: JobId) -> Result<(), JobError> {
-        let parent = self.query_opt("SELECT parent_id FROM jobs WHERE job_id = $1", &[&id])?;
-        let parent: i64 = match parent {
-            Some(row) => row.try_get(0).map_err(|e| corrupt("parent", e))?,
-            None => return Ok(()),
-        };
-        if parent != 0 {
-            self.query(
-                "SELECT 1 FROM jobs WHERE job_id = $1 FOR UPDATE",
-                &[&parent],
-            )?;
-        }
-        Ok(())
-    }
-}
+/// A job read to be changed: its parent's row locked first, if it is a
+/// child (see the module's doc; a job's parent never changes, so reading it
+/// unlocked is safe), then its own, in one statement. The parent's lock is
+/// taken by a sub-select that depends on no row of the outer one, which
+/// PostgreSQL runs once, as a one-time filter, before the outer scan reads
+/// (and locks) the job's row.
+static LOCK_PARENT_THEN_JOB: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS} FROM jobs WHERE job_id = $1 AND ( \
+           SELECT count(*) FROM ( \
+             SELECT 1 FROM jobs parent WHERE parent.job_id != 0 AND parent.job_id = ( \
+               SELECT child.parent_id FROM jobs child WHERE child.job_id = $1) \
+             FOR UPDATE) parent_locked) >= 0 \
+         FOR UPDATE"
+    )
+});
 
 impl PgTx<'_> {
     /// The job with this id, read with `lock` (a locking clause, or "").
@@ -184,6 +184,7 @@ impl PgTx<'_> {
 
 impl StoreTx for PgTx<'_> {
     fn insert(&mut self, job: &Job) -> Result<JobId, JobError> {
+        self.childless.remove(&job.parent_id);
         let values = JobValues::of(job)?;
         let row = self.query_opt(
             "INSERT INTO jobs (name, state, data, priority, created, next_run, last_run, repeat, \
@@ -198,10 +199,15 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn get(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
-        if self.locking {
-            self.lock_parent_of(id)?;
+        if !self.locking {
+            return self.select_job(id, "");
         }
-        self.select_job(id, self.lock_clause())
+        // The parent's row, then the job's, in one round trip (see
+        // [`LOCK_PARENT_THEN_JOB`]).
+        self.query_opt(&LOCK_PARENT_THEN_JOB, &[&id])?
+            .as_ref()
+            .map(read_job)
+            .transpose()
     }
 
     fn peek(&mut self, id: JobId) -> Result<Option<Job>, JobError> {
@@ -209,6 +215,7 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn update(&mut self, job: &Job) -> Result<(), JobError> {
+        self.childless.remove(&job.parent_id);
         let values = JobValues::of(job)?;
         let mut params = values.params(job);
         params.push(&job.id);
@@ -223,10 +230,14 @@ impl StoreTx for PgTx<'_> {
     }
 
     fn delete(&mut self, id: JobId) -> Result<(), JobError> {
-        self.execute("DELETE FROM jobs WHERE job_id = $1", &[&id])?;
-        self.execute("DELETE FROM jobs_before_handout WHERE job_id = $1", &[&id])?;
-        self.execute("DELETE FROM job_tags WHERE job_id = $1", &[&id])?;
-        self.execute("DELETE FROM job_dependencies WHERE job_id = $1", &[&id])?;
+        // One round trip for the job and what hangs on it.
+        self.execute(
+            "WITH before AS (DELETE FROM jobs_before_handout WHERE job_id = $1), \
+             tags AS (DELETE FROM job_tags WHERE job_id = $1), \
+             waits AS (DELETE FROM job_dependencies WHERE job_id = $1) \
+             DELETE FROM jobs WHERE job_id = $1",
+            &[&id],
+        )?;
         Ok(())
     }
 
@@ -342,11 +353,20 @@ impl StoreTx for PgTx<'_> {
         // reads the children; locking both ways round would deadlock. What
         // a parent's rule decides from its children (none left to run)
         // changes only through reports, cancels and deletes of children,
-        // which lock the parent first ([`PgTx::get`]).
+        // which lock the parent first ([`PgTx::get`]). A job found without
+        // children is not looked up again in the same operation, unless it
+        // inserts or updates a child.
+        if self.childless.contains(&parent) {
+            return Ok(Vec::new());
+        }
         let sql = format!(
             "SELECT {COLUMNS} FROM jobs WHERE parent_id != 0 AND parent_id = $1 ORDER BY job_id"
         );
-        read_jobs(self.query(&sql, &[&parent])?)
+        let children = read_jobs(self.query(&sql, &[&parent])?)?;
+        if children.is_empty() {
+            self.childless.insert(parent);
+        }
+        Ok(children)
     }
 
     fn expired_leases(&mut self, now: Timestamp, limit: usize) -> Result<Vec<Job>, JobError> {

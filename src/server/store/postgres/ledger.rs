@@ -5,7 +5,7 @@
 //! [`super::ledger_stats`].
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use postgres::Row;
 use postgres::types::FromSql;
@@ -149,11 +149,12 @@ fn archive_sql(query: &ArchiveQuery) -> (String, Params) {
     (sql, params)
 }
 
-/// A statistics event held until the end of its operation. Each event locks
-/// the row of its hour; an operation that hands out jobs of several names
+/// A statistics event held until the end of its transaction. Each row
+/// written is locked; an operation that hands out jobs of several names
 /// would lock them in hand-out order, and two such operations on two
-/// servers deadlocked. Written together at the end, sorted by row, every
-/// operation takes them in one order: supervisors' rows after the names'.
+/// servers deadlocked. Summed and written together at the end, sorted by
+/// row, every transaction takes them in one order: supervisors' rows after
+/// the names'.
 #[derive(Debug)]
 pub(super) enum Deferred {
     /// [`LedgerTx::add_stats`].
@@ -170,34 +171,63 @@ pub(super) enum Deferred {
     },
 }
 
-impl Deferred {
-    fn key(&self) -> (u8, &str, i64) {
-        match self {
-            Deferred::Stats { name, hour, .. } => (0, name, *hour),
-            Deferred::WorkerStats { worker, hour, .. } => (1, worker, *hour),
-        }
-    }
-}
-
 impl PgTx<'_> {
-    /// Writes the statistics events held back, in row order (the same rows
-    /// keep the order of their events).
+    /// Writes the statistics events held back, summed per row, in row
+    /// order: the names' rows, then the supervisors'.
     pub(super) fn write_deferred(&mut self) -> Result<(), JobError> {
-        let mut events = std::mem::take(&mut self.deferred);
-        events.sort_by(|a, b| a.key().cmp(&b.key()));
-        for event in &events {
+        let mut names: BTreeMap<(String, i64), StatsRow> = BTreeMap::new();
+        let mut workers: BTreeMap<(String, i64), WorkerStatsRow> = BTreeMap::new();
+        for event in std::mem::take(&mut self.deferred) {
             match event {
                 Deferred::Stats { name, hour, delta } => {
-                    ledger_stats::add_stats(self, name, *hour, delta)?
+                    let row = names
+                        .entry((name.clone(), hour))
+                        .or_insert_with(|| StatsRow {
+                            name,
+                            hour,
+                            ..StatsRow::default()
+                        });
+                    absorb(row, &delta);
                 }
                 Deferred::WorkerStats {
                     worker,
                     hour,
                     delta,
-                } => ledger_stats::add_worker_stats(self, worker, *hour, delta)?,
+                } => workers
+                    .entry((worker.clone(), hour))
+                    .or_insert_with(|| WorkerStatsRow {
+                        worker,
+                        hour,
+                        ..WorkerStatsRow::default()
+                    })
+                    .add(&delta),
             }
         }
-        Ok(())
+        let names: Vec<StatsRow> = names.into_values().collect();
+        let workers: Vec<WorkerStatsRow> = workers.into_values().collect();
+        ledger_stats::add_stats(self, &names)?;
+        ledger_stats::add_worker_stats(self, &workers)
+    }
+}
+
+/// Adds one event to an hour's row, its durations to the summaries and
+/// the histograms.
+fn absorb(row: &mut StatsRow, delta: &StatsDelta) {
+    row.added += delta.added;
+    row.started += delta.started;
+    row.finished += delta.finished;
+    row.failed += delta.failed;
+    row.retried += delta.retried;
+    if let Some(ms) = delta.wait_ms {
+        row.wait.add(ms.max(0) as f64);
+        row.wait_histogram.get_or_insert_default().add(ms);
+    }
+    if let Some(ms) = delta.run_ms {
+        row.run.add(ms.max(0) as f64);
+        row.run_histogram.get_or_insert_default().add(ms);
+    }
+    if let Some(ms) = delta.service_ms {
+        row.service.add(ms.max(0) as f64);
     }
 }
 

@@ -1,8 +1,9 @@
 //! The ledger's hourly statistics in PostgreSQL, per name (with their
 //! histograms) and per supervisor: the half of [`LedgerTx`] for [`PgTx`]
-//! that `ledger.rs` hands on. Each event is one upsert that adds to the
-//! hour's row without reading it first (Welford's update done in SQL), so
-//! that servers sharing the database never lose each other's increments.
+//! that `ledger.rs` hands on. A transaction's events are summed per row
+//! first, then added to the stored rows by one upsert per table that does
+//! not read them first (Chan et al.'s parallel update done in SQL), so that
+//! servers sharing the database never lose each other's increments.
 //!
 //! [`LedgerTx`]: crate::server::store::LedgerTx
 
@@ -15,9 +16,7 @@ use super::PgTx;
 use super::glob::{Params, name_condition};
 use super::ledger::{bigint, col, count};
 use crate::protocol::{JobError, NamePattern, Timestamp};
-use crate::server::records::{
-    StatsDelta, StatsRow, Summary, WorkerDelta, WorkerStatsRow, histogram,
-};
+use crate::server::records::{StatsRow, Summary, WorkerStatsRow, histogram};
 
 /// The columns of an hour's statistics, in the order [`read_stats`] reads them.
 const STATS_COLUMNS: &str = "name, hour, added, started, finished, failed, retried, \
@@ -55,18 +54,24 @@ fn read_summary(row: &Row, at: usize) -> Result<Summary, JobError> {
     })
 }
 
-/// The SET clauses that add one sample (given as `excluded.X_mean` with
-/// `excluded.X_n` = 1, or nothing with 0) to summary `X` of `table` by
-/// Welford's update; every right-hand side reads the row as it was. The
-/// row's own columns are named with the table, as `excluded` has them too.
-fn welford(table: &str, x: &str) -> String {
-    let new_mean =
-        format!("{table}.{x}_mean + (excluded.{x}_mean - {table}.{x}_mean) / ({table}.{x}_n + 1)");
+/// The SET clauses that merge summary `X` of the incoming row
+/// (`excluded.X_n` samples, none when 0) into summary `X` of `table` by
+/// Chan et al.'s parallel update, as [`Summary::merge`] does; every
+/// right-hand side reads the row as it was. The row's own columns are named
+/// with the table, as `excluded` has them too.
+///
+/// [`Summary::merge`]: crate::server::records::Summary::merge
+fn merge_summary(table: &str, x: &str) -> String {
+    let (n1, n2) = (
+        format!("{table}.{x}_n::float8"),
+        format!("excluded.{x}_n::float8"),
+    );
+    let delta = format!("(excluded.{x}_mean - {table}.{x}_mean)");
     format!(
-        "{x}_mean = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_mean ELSE {new_mean} END, \
+        "{x}_mean = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_mean \
+           ELSE {table}.{x}_mean + {delta} * {n2} / ({n1} + {n2}) END, \
          {x}_m2 = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_m2 \
-           ELSE {table}.{x}_m2 + (excluded.{x}_mean - {table}.{x}_mean) \
-             * (excluded.{x}_mean - ({new_mean})) END, \
+           ELSE {table}.{x}_m2 + excluded.{x}_m2 + {delta} * {delta} * {n1} * {n2} / ({n1} + {n2}) END, \
          {x}_min = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_min \
            ELSE LEAST(COALESCE({table}.{x}_min, excluded.{x}_min), excluded.{x}_min) END, \
          {x}_max = CASE WHEN excluded.{x}_n = 0 THEN {table}.{x}_max \
@@ -75,74 +80,139 @@ fn welford(table: &str, x: &str) -> String {
     )
 }
 
-/// Adds one event to an hour's row in one statement, without reading it.
+/// Adds hours' rows to theirs in one statement, without reading them: the
+/// rows come as one array per column.
 static ADD_STATS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "INSERT INTO stats ({STATS_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, \
-           $8, COALESCE($9::float8, 0), 0, $9, $9, $10, COALESCE($11::float8, 0), 0, $11, $11, \
-           $12, COALESCE($13::float8, 0), 0, $13, $13) \
+        "INSERT INTO stats ({STATS_COLUMNS}) SELECT * FROM UNNEST($1::text[], $2::int8[], \
+           $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[], \
+           $8::int8[], $9::float8[], $10::float8[], $11::float8[], $12::float8[], \
+           $13::int8[], $14::float8[], $15::float8[], $16::float8[], $17::float8[], \
+           $18::int8[], $19::float8[], $20::float8[], $21::float8[], $22::float8[]) \
          ON CONFLICT (name, hour) DO UPDATE SET \
            added = stats.added + excluded.added, started = stats.started + excluded.started, \
            finished = stats.finished + excluded.finished, failed = stats.failed + excluded.failed, \
            retried = stats.retried + excluded.retried, {}, {}, {}",
-        welford("stats", "wait"),
-        welford("stats", "run"),
-        welford("stats", "service")
+        merge_summary("stats", "wait"),
+        merge_summary("stats", "run"),
+        merge_summary("stats", "service")
     )
 });
 
-/// Counts one duration in an hour's histogram.
+/// Adds counts to hours' histogram buckets in one statement.
 const ADD_HISTOGRAM_SQL: &str = "INSERT INTO stats_histogram (name, hour, kind, bucket, count) \
-     VALUES ($1, $2, $3, $4, 1) \
-     ON CONFLICT (name, hour, kind, bucket) DO UPDATE SET count = stats_histogram.count + 1";
+     SELECT * FROM UNNEST($1::text[], $2::int8[], $3::text[], $4::int8[], $5::int8[]) \
+     ON CONFLICT (name, hour, kind, bucket) DO UPDATE SET count = stats_histogram.count + excluded.count";
 
-/// Adds one event to a supervisor's hour in one statement.
+/// Adds supervisors' hours to theirs in one statement.
 static ADD_WORKER_STATS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO worker_stats (worker, hour, run_n, run_mean, run_m2, run_min, run_max, \
-         busy_ms, capacity_ms) VALUES ($1, $2, $3, COALESCE($4::float8, 0), 0, $4, $4, $5, $6) \
+         busy_ms, capacity_ms) SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], \
+           $4::float8[], $5::float8[], $6::float8[], $7::float8[], $8::int8[], $9::int8[]) \
          ON CONFLICT (worker, hour) DO UPDATE SET \
            busy_ms = worker_stats.busy_ms + excluded.busy_ms, \
            capacity_ms = worker_stats.capacity_ms + excluded.capacity_ms, {}",
-        welford("worker_stats", "run")
+        merge_summary("worker_stats", "run")
     )
 });
 
-/// Adds an event to the statistics of `name` for the hour starting at `hour`.
-pub(super) fn add_stats(
-    tx: &mut PgTx<'_>,
-    name: &str,
-    hour: i64,
-    delta: &StatsDelta,
-) -> Result<(), JobError> {
-    // A sample, or no sample: count 0 and no value (so no min or max).
-    let sample = |ms: Option<i64>| (i64::from(ms.is_some()), ms.map(|ms| ms.max(0) as f64));
-    let (wait_n, wait) = sample(delta.wait_ms);
-    let (run_n, run) = sample(delta.run_ms);
-    let (service_n, service) = sample(delta.service_ms);
+/// A summary as the five columns' arrays take it: no minimum or maximum
+/// without a sample.
+struct SummaryColumns {
+    n: Vec<i64>,
+    mean: Vec<f64>,
+    m2: Vec<f64>,
+    min: Vec<Option<f64>>,
+    max: Vec<Option<f64>>,
+}
+
+impl SummaryColumns {
+    fn of<'a>(summaries: impl Iterator<Item = &'a Summary>) -> Self {
+        let mut out = SummaryColumns {
+            n: Vec::new(),
+            mean: Vec::new(),
+            m2: Vec::new(),
+            min: Vec::new(),
+            max: Vec::new(),
+        };
+        for s in summaries {
+            let some = s.count > 0;
+            out.n.push(bigint(s.count));
+            out.mean.push(if some { s.mean } else { 0.0 });
+            out.m2.push(if some { s.m2 } else { 0.0 });
+            out.min.push(some.then_some(s.min));
+            out.max.push(some.then_some(s.max));
+        }
+        out
+    }
+}
+
+/// Adds hours' statistics (and their histograms) to the stored rows, in
+/// the order given (the order their rows are locked in): one statement for
+/// the rows and one for the histograms.
+pub(super) fn add_stats(tx: &mut PgTx<'_>, rows: &[StatsRow]) -> Result<(), JobError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    let hours: Vec<i64> = rows.iter().map(|r| r.hour).collect();
+    let counts = |f: fn(&StatsRow) -> u64| rows.iter().map(|r| bigint(f(r))).collect::<Vec<i64>>();
+    let (added, started, finished, failed, retried) = (
+        counts(|r| r.added),
+        counts(|r| r.started),
+        counts(|r| r.finished),
+        counts(|r| r.failed),
+        counts(|r| r.retried),
+    );
+    let wait = SummaryColumns::of(rows.iter().map(|r| &r.wait));
+    let run = SummaryColumns::of(rows.iter().map(|r| &r.run));
+    let service = SummaryColumns::of(rows.iter().map(|r| &r.service));
     tx.execute(
         &ADD_STATS_SQL,
         &[
-            &name,
-            &hour,
-            &bigint(delta.added),
-            &bigint(delta.started),
-            &bigint(delta.finished),
-            &bigint(delta.failed),
-            &bigint(delta.retried),
-            &wait_n,
-            &wait,
-            &run_n,
-            &run,
-            &service_n,
-            &service,
+            &names,
+            &hours,
+            &added,
+            &started,
+            &finished,
+            &failed,
+            &retried,
+            &wait.n,
+            &wait.mean,
+            &wait.m2,
+            &wait.min,
+            &wait.max,
+            &run.n,
+            &run.mean,
+            &run.m2,
+            &run.min,
+            &run.max,
+            &service.n,
+            &service.mean,
+            &service.m2,
+            &service.min,
+            &service.max,
         ],
     )?;
-    for (kind, ms) in [("wait", delta.wait_ms), ("run", delta.run_ms)] {
-        if let Some(ms) = ms {
-            let bucket = bigint(histogram::bucket(ms));
-            tx.execute(ADD_HISTOGRAM_SQL, &[&name, &hour, &kind, &bucket])?;
+    let (mut names, mut hours, mut kinds, mut buckets, mut counts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for row in rows {
+        for (kind, histogram) in [("wait", &row.wait_histogram), ("run", &row.run_histogram)] {
+            for (bucket, count) in histogram.iter().flat_map(|h| h.0.iter()) {
+                names.push(row.name.as_str());
+                hours.push(row.hour);
+                kinds.push(kind);
+                buckets.push(bigint(*bucket as u64));
+                counts.push(bigint(*count));
+            }
         }
+    }
+    if !names.is_empty() {
+        tx.execute(
+            ADD_HISTOGRAM_SQL,
+            &[&names, &hours, &kinds, &buckets, &counts],
+        )?;
     }
     Ok(())
 }
@@ -205,22 +275,21 @@ pub(super) fn stats(
     Ok(out.into_values().collect())
 }
 
-/// Adds an event to a supervisor's statistics for the hour starting at `hour`.
-pub(super) fn add_worker_stats(
-    tx: &mut PgTx<'_>,
-    worker: &str,
-    hour: i64,
-    delta: &WorkerDelta,
-) -> Result<(), JobError> {
+/// Adds supervisors' hours to the stored rows, in the order given, in one
+/// statement.
+pub(super) fn add_worker_stats(tx: &mut PgTx<'_>, rows: &[WorkerStatsRow]) -> Result<(), JobError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let workers: Vec<&str> = rows.iter().map(|r| r.worker.as_str()).collect();
+    let hours: Vec<i64> = rows.iter().map(|r| r.hour).collect();
+    let run = SummaryColumns::of(rows.iter().map(|r| &r.run));
+    let busy: Vec<i64> = rows.iter().map(|r| r.busy_ms.max(0)).collect();
+    let capacity: Vec<i64> = rows.iter().map(|r| r.capacity_ms.max(0)).collect();
     tx.execute(
         &ADD_WORKER_STATS_SQL,
         &[
-            &worker,
-            &hour,
-            &i64::from(delta.run_ms.is_some()),
-            &delta.run_ms.map(|ms| ms.max(0) as f64),
-            &delta.busy_ms.max(0),
-            &delta.capacity_ms.max(0),
+            &workers, &hours, &run.n, &run.mean, &run.m2, &run.min, &run.max, &busy, &capacity,
         ],
     )?;
     Ok(())

@@ -1,6 +1,6 @@
 //! The PostgreSQL store, for several servers on one database: one writer
-//! connection per server that runs each write operation in a transaction of
-//! its own, a small pool of read-only connections, row locks so that
+//! connection per server that runs the write operations queued together in
+//! one transaction (each in a savepoint of its own), a small pool of read-only connections, row locks so that
 //! servers skip each other's claims, commits announced to the other servers
 //! with `NOTIFY`, and the database's clock as the one clock.
 
@@ -8,11 +8,14 @@ mod clock;
 mod connect;
 mod dependencies;
 mod glob;
+mod group;
 mod jobs;
 mod labels;
 mod ledger;
 mod ledger_stats;
 mod notify;
+#[cfg(test)]
+pub(crate) mod plans;
 mod schema;
 mod sessions;
 mod throttles;
@@ -172,6 +175,8 @@ impl Store for PgStore {
                     locking: false,
                     origin: 0,
                     deferred: Vec::new(),
+                    childless: Default::default(),
+                    throttles: None,
                 })
             }));
             let _ = client.batch_execute("COMMIT");
@@ -195,15 +200,19 @@ pub(super) fn unavailable(why: &str) -> JobError {
     JobError::StoreUnavailable(why.to_string())
 }
 
-/// A PostgreSQL error as a store error. "Unavailable" (503: retry, or go
-/// to another server) when retrying can work: a lost or refused
-/// connection, a database shutting down or out of connections, and a
-/// deadlock or serialization failure with another server (the operation
-/// was rolled back); anything else failed the operation (502).
+/// A PostgreSQL error as a store error. A conflict when the operation met
+/// another server's in a deadlock or a serialization failure (it was
+/// rolled back, and the queue runs it again); "unavailable" (503: retry,
+/// or go to another server) when retrying can work: a lost or refused
+/// connection, a database shutting down or out of connections; anything
+/// else failed the operation (502).
 pub(super) fn pg_error(error: &postgres::Error) -> JobError {
     match error.as_db_error() {
         Some(db) => {
             let code = db.code().code();
+            if code == "40P01" || code == "40001" {
+                return JobError::StoreConflict(db.message().to_string());
+            }
             let retryable = ["08", "53", "57", "40"]
                 .iter()
                 .any(|class| code.starts_with(class));
@@ -234,6 +243,9 @@ fn is_connection_error(error: &postgres::Error) -> bool {
     error.to_string().contains("connection")
 }
 
+/// The writer's session settings (see [`Conn::new`]).
+pub(crate) const WRITER_SETTINGS: &str = "SET enable_seqscan = off";
+
 /// A connection with the statements it has prepared.
 pub(super) struct Conn {
     client: Client,
@@ -241,7 +253,17 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    fn new(client: Client) -> Self {
+    /// The writer's connection. Its plans do not depend on the tables'
+    /// statistics: with sequential scans priced out, every statement that
+    /// an index can serve uses it, whether the tables were analyzed while
+    /// empty (a cached plan would scan them in full forever after, as they
+    /// grow) or never. Every statement the writer runs on a large table
+    /// has an index to use (`plans` tests this on an analyzed-empty
+    /// database).
+    fn new(mut client: Client) -> Self {
+        if let Err(error) = client.batch_execute(WRITER_SETTINGS) {
+            tracing::warn!(%error, "could not set the writer's plan settings");
+        }
         Conn {
             client,
             cache: HashMap::new(),
@@ -259,8 +281,18 @@ pub(super) struct PgTx<'c> {
     pub(super) locking: bool,
     /// This server's id in announcements to the others.
     pub(super) origin: u64,
-    /// Statistics events to write at the end of the operation.
+    /// Statistics events to write at the end of the transaction.
     deferred: Vec<ledger::Deferred>,
+    /// Jobs this operation found without children (see [`StoreTx::children`]),
+    /// forgotten when it inserts or updates a child.
+    ///
+    /// [`StoreTx::children`]: super::StoreTx::children
+    childless: std::collections::HashSet<crate::protocol::JobId>,
+    /// The throttles, as a write transaction first read them (see
+    /// [`ThrottleTx::list_throttles`]); forgotten when one is changed.
+    ///
+    /// [`ThrottleTx::list_throttles`]: super::ThrottleTx::list_throttles
+    throttles: Option<Vec<super::Throttle>>,
 }
 
 impl PgTx<'_> {
@@ -269,7 +301,12 @@ impl PgTx<'_> {
         if let Some(statement) = self.cache.get(sql) {
             return Ok(statement.clone());
         }
+        crate::metrics::store_statement();
         let statement = self.client.prepare(sql).map_err(|e| pg_error(&e))?;
+        #[cfg(test)]
+        if self.locking {
+            plans::prepared(sql);
+        }
         self.cache.insert(sql.to_string(), statement.clone());
         Ok(statement)
     }
@@ -281,6 +318,7 @@ impl PgTx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, JobError> {
         let statement = self.statement(sql)?;
+        crate::metrics::store_statement();
         self.client
             .query(&statement, params)
             .map_err(|e| pg_error(&e))
@@ -293,6 +331,7 @@ impl PgTx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, JobError> {
         let statement = self.statement(sql)?;
+        crate::metrics::store_statement();
         self.client
             .query_opt(&statement, params)
             .map_err(|e| pg_error(&e))
@@ -305,6 +344,7 @@ impl PgTx<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, JobError> {
         let statement = self.statement(sql)?;
+        crate::metrics::store_statement();
         self.client
             .execute(&statement, params)
             .map_err(|e| pg_error(&e))
@@ -331,14 +371,23 @@ struct Writer {
 }
 
 impl Writer {
-    /// Runs each queued operation in a transaction of its own, and answers
-    /// it once the transaction has ended.
+    /// Runs the queued operations in groups, each group in one transaction
+    /// (see [`group`]), and answers them once it has ended.
     fn run(mut self, receiver: mpsc::Receiver<WriteOp>) {
         use super::write_health::{Next, Probes};
         let mut probes = Probes::default();
         while let Some(step) = probes.next(&receiver, &self.health) {
             match step {
-                Next::Run(op) => self.run_one(op),
+                Next::Run(op) => {
+                    let mut ops = vec![op];
+                    while ops.len() < group::MAX_GROUP {
+                        match receiver.try_recv() {
+                            Ok(op) => ops.push(op),
+                            Err(_) => break,
+                        }
+                    }
+                    self.run_group(ops)
+                }
                 Next::Probe => self.probe(),
             }
         }
@@ -372,6 +421,7 @@ impl Writer {
     /// idle (the database restarted, the network blinked) is noticed only
     /// here: nothing has run in it yet, so it is opened again once.
     fn begin(&mut self) -> Result<&mut Conn, JobError> {
+        crate::metrics::store_statement();
         let begun = self.connection()?.client.batch_execute("BEGIN");
         if let Err(error) = begun {
             let error = pg_error(&error);
@@ -413,7 +463,7 @@ impl Writer {
         }
     }
 
-    fn run_one(&mut self, op: WriteOp) {
+    fn run_group(&mut self, ops: Vec<WriteOp>) {
         self.clock
             .refresh_if_due(self.conn.as_mut().map(|c| &mut c.client));
         let origin = self.origin;
@@ -421,11 +471,13 @@ impl Writer {
             Ok(conn) => conn,
             Err(error) => {
                 self.health.failed(error.to_string());
-                refuse(op, error);
+                for op in ops {
+                    refuse(op, error.clone());
+                }
                 return;
             }
         };
-        match run_transaction(conn, op, origin) {
+        match group::run(conn, ops, origin) {
             Ok(true) => self.health.committed(),
             Ok(false) => {}
             Err(reason) => {
@@ -434,72 +486,6 @@ impl Writer {
                     self.conn = None;
                 }
             }
-        }
-    }
-}
-
-/// Runs `op` in the transaction begun on `conn`, then commits it (or rolls
-/// it back if the operation failed) and answers it. Returns whether a
-/// change was committed, or why the transaction failed.
-fn run_transaction(conn: &mut Conn, op: WriteOp, origin: u64) -> Result<bool, String> {
-    let mut tx = PgTx {
-        client: &mut conn.client,
-        cache: &mut conn.cache,
-        locking: true,
-        origin,
-        deferred: Vec::new(),
-    };
-    let outcome = catch_unwind(AssertUnwindSafe(|| op(&mut tx)));
-    let (keep, reply) = match outcome {
-        Ok((keep, reply)) => (keep, Some(reply)),
-        Err(_) => {
-            tracing::error!("a write operation panicked; its changes were rolled back");
-            (false, None)
-        }
-    };
-    let deferred = if keep { tx.write_deferred() } else { Ok(()) };
-    if let Err(error) = deferred {
-        let _ = conn.client.batch_execute("ROLLBACK");
-        if let Some(reply) = reply {
-            reply(Some(error.clone()));
-        }
-        return Err(error.to_string());
-    }
-    if !keep {
-        let _ = conn.client.batch_execute("ROLLBACK");
-        if let Some(reply) = reply {
-            reply(None);
-        }
-        return Ok(false);
-    }
-    let committing = std::time::Instant::now();
-    // PostgreSQL answers COMMIT of a transaction that an error aborted by
-    // rolling it back, with no error: the operation kept its changes only
-    // if every statement succeeded, which `keep` says.
-    let committed = conn.client.batch_execute("COMMIT");
-    crate::metrics::commit(committing.elapsed().as_secs_f64());
-    match committed {
-        Ok(()) => {
-            if let Some(reply) = reply {
-                reply(None);
-            }
-            Ok(true)
-        }
-        Err(error) => {
-            let _ = conn.client.batch_execute("ROLLBACK");
-            // A commit refused by the database was rolled back; one whose
-            // connection was lost may have been done.
-            let error = match pg_error(&error) {
-                JobError::StoreUnavailable(_) if error.as_db_error().is_none() => {
-                    JobError::StoreOutcomeUnknown
-                }
-                other => other,
-            };
-            tracing::error!(%error, "commit failed");
-            if let Some(reply) = reply {
-                reply(Some(error.clone()));
-            }
-            Err(error.to_string())
         }
     }
 }

@@ -27,8 +27,18 @@ fn read_throttles(rows: &[postgres::Row]) -> Result<Vec<Throttle>, JobError> {
 
 impl ThrottleTx for PgTx<'_> {
     fn list_throttles(&mut self) -> Result<Vec<Throttle>, JobError> {
+        // Read once per transaction (every write operation looks at them):
+        // another server's change committed meanwhile is seen by the next
+        // transaction, as if this one had run just before it.
+        if let Some(throttles) = &self.throttles {
+            return Ok(throttles.clone());
+        }
         let rows = self.query("SELECT glob, max FROM throttles ORDER BY glob", &[])?;
-        read_throttles(&rows)
+        let throttles = read_throttles(&rows)?;
+        if self.locking {
+            self.throttles = Some(throttles.clone());
+        }
+        Ok(throttles)
     }
 
     fn lock_throttles(&mut self, globs: &[String]) -> Result<Vec<Throttle>, JobError> {
@@ -58,6 +68,7 @@ impl ThrottleTx for PgTx<'_> {
     }
 
     fn set_throttle(&mut self, glob: &str, max: i64) -> Result<(), JobError> {
+        self.throttles = None;
         self.execute(
             "INSERT INTO throttles (glob, max) VALUES ($1, $2) \
              ON CONFLICT (glob) DO UPDATE SET max = excluded.max",
@@ -67,6 +78,7 @@ impl ThrottleTx for PgTx<'_> {
     }
 
     fn delete_throttle(&mut self, glob: &str) -> Result<bool, JobError> {
+        self.throttles = None;
         Ok(self.execute("DELETE FROM throttles WHERE glob = $1", &[&glob])? > 0)
     }
 
