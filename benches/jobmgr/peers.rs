@@ -18,7 +18,9 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::common::{PgDatabase, ServerProcess, async_client, bin, machine, spread, total};
+use crate::common::{
+    PgDatabase, ServerProcess, async_client, bin, machine, median_and_spread, spread, total,
+};
 
 /// The consumers of each burn-down.
 const CONSUMERS: [usize; 3] = [1, 4, 16];
@@ -305,9 +307,8 @@ fn of(runs: &[(String, usize, Burn)], label: &str, k: usize) -> Vec<Burn> {
         .collect()
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+fn median(values: Vec<f64>) -> f64 {
+    median_and_spread(values).0
 }
 
 /// `n` with a comma between thousands.

@@ -169,6 +169,27 @@ impl StatsRow {
         }
     }
 
+    /// Adds one event: its counts, its durations to the summaries and
+    /// the wait and run histograms.
+    pub fn add(&mut self, delta: &StatsDelta) {
+        self.added += delta.added;
+        self.started += delta.started;
+        self.finished += delta.finished;
+        self.failed += delta.failed;
+        self.retried += delta.retried;
+        if let Some(ms) = delta.wait_ms {
+            self.wait.add(ms.max(0) as f64);
+            self.wait_histogram.get_or_insert_default().add(ms);
+        }
+        if let Some(ms) = delta.run_ms {
+            self.run.add(ms.max(0) as f64);
+            self.run_histogram.get_or_insert_default().add(ms);
+        }
+        if let Some(ms) = delta.service_ms {
+            self.service.add(ms.max(0) as f64);
+        }
+    }
+
     /// Adds another row's counts and summaries, not its histograms.
     pub fn merge_figures(&mut self, other: &StatsRow) {
         self.added += other.added;

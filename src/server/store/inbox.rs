@@ -75,6 +75,19 @@ impl Inbox {
     }
 }
 
+/// `first` and the operations queued behind it, up to `max` in all: what
+/// a writer commits together.
+pub(super) fn gather<T>(first: T, receiver: &mpsc::Receiver<T>, max: usize) -> Vec<T> {
+    let mut group = vec![first];
+    while group.len() < max {
+        match receiver.try_recv() {
+            Ok(op) => group.push(op),
+            Err(_) => break,
+        }
+    }
+    group
+}
+
 /// Answers an operation that cannot run.
 pub(super) fn refuse(op: WriteOp, error: JobError) {
     let (_, reply) = op(&mut FailingTx(error.clone()));

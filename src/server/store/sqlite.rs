@@ -261,14 +261,11 @@ fn write_loop(conn: Connection, receiver: mpsc::Receiver<WriteOp>, health: &Writ
                 continue;
             }
         };
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match receiver.try_recv() {
-                Ok(op) => group.push(op),
-                Err(_) => break,
-            }
-        }
-        run_group(&conn, group, health);
+        run_group(
+            &conn,
+            super::inbox::gather(first, &receiver, MAX_GROUP),
+            health,
+        );
     }
     tracing::debug!("job store writer stopped");
 }

@@ -180,14 +180,14 @@ impl PgTx<'_> {
         for event in std::mem::take(&mut self.deferred) {
             match event {
                 Deferred::Stats { name, hour, delta } => {
-                    let row = names
+                    names
                         .entry((name.clone(), hour))
                         .or_insert_with(|| StatsRow {
                             name,
                             hour,
                             ..StatsRow::default()
-                        });
-                    absorb(row, &delta);
+                        })
+                        .add(&delta);
                 }
                 Deferred::WorkerStats {
                     worker,
@@ -207,27 +207,6 @@ impl PgTx<'_> {
         let workers: Vec<WorkerStatsRow> = workers.into_values().collect();
         ledger_stats::add_stats(self, &names)?;
         ledger_stats::add_worker_stats(self, &workers)
-    }
-}
-
-/// Adds one event to an hour's row, its durations to the summaries and
-/// the histograms.
-fn absorb(row: &mut StatsRow, delta: &StatsDelta) {
-    row.added += delta.added;
-    row.started += delta.started;
-    row.finished += delta.finished;
-    row.failed += delta.failed;
-    row.retried += delta.retried;
-    if let Some(ms) = delta.wait_ms {
-        row.wait.add(ms.max(0) as f64);
-        row.wait_histogram.get_or_insert_default().add(ms);
-    }
-    if let Some(ms) = delta.run_ms {
-        row.run.add(ms.max(0) as f64);
-        row.run_histogram.get_or_insert_default().add(ms);
-    }
-    if let Some(ms) = delta.service_ms {
-        row.service.add(ms.max(0) as f64);
     }
 }
 

@@ -1,7 +1,8 @@
 //! The PostgreSQL store, for several servers on one database: one writer
 //! connection per server that runs the write operations queued together in
-//! one transaction (each in a savepoint of its own), a small pool of read-only connections, row locks so that
-//! servers skip each other's claims, commits announced to the other servers
+//! one transaction (each in a savepoint of its own), a small pool of
+//! read-only connections, row locks so that servers skip each other's
+//! claims, commits announced to the other servers
 //! with `NOTIFY`, and the database's clock as the one clock.
 
 mod clock;
@@ -379,14 +380,7 @@ impl Writer {
         while let Some(step) = probes.next(&receiver, &self.health) {
             match step {
                 Next::Run(op) => {
-                    let mut ops = vec![op];
-                    while ops.len() < group::MAX_GROUP {
-                        match receiver.try_recv() {
-                            Ok(op) => ops.push(op),
-                            Err(_) => break,
-                        }
-                    }
-                    self.run_group(ops)
+                    self.run_group(super::inbox::gather(op, &receiver, group::MAX_GROUP))
                 }
                 Next::Probe => self.probe(),
             }
